@@ -1,0 +1,30 @@
+"""tfscale: scale TensorFlow 2 / Keras 3 training across many workers."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="tfscale",
+    version="0.1.0",
+    description="Multi-worker training toolkit for TensorFlow 2 and Keras 3",
+    python_requires=">=3.10,<3.13",
+    packages=find_packages(include=["tfscale*", "input_pipelines*", "models*",
+                                    "launch*", "benchmarks*"]),
+    py_modules=["run_pretraining"],
+    package_data={"launch": ["*.sbatch", "*.yaml"]},
+    install_requires=[
+        # The full package (CPU and GPU); never tensorflow-cpu beside it.
+        "tensorflow==2.21.0",
+        "keras>=3.15.1,<3.16",
+        "absl-py>=2.1",
+        "tensorflow-datasets==4.9.10",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "text": ["tensorflow-text==2.21.1"],
+        "plot": ["matplotlib>=3.8"],
+        "test": ["pytest>=8", "tensorflow-text==2.21.1", "matplotlib>=3.8"],
+    },
+    entry_points={"console_scripts": [
+        "tfscale-launch=launch.local:main",
+    ]},
+)

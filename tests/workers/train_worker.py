@@ -1,0 +1,156 @@
+"""A worker for the multi-process tests: trains a small MLP with the Trainer.
+
+Started through `launch.local` (or alone for the 1-worker baseline). It
+builds its data so that every global step sees the same examples whatever
+the worker count: the data is batched globally (per micro-batch), then each
+worker takes its slice. It writes what it observed into --out:
+weights_<worker>.npz and events_<worker>.json (callback hooks and logs).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tfscale import cluster as cluster_lib  # noqa: E402
+from tfscale import trainer as trainer_lib  # noqa: E402
+from tfscale.optim import Lamb  # noqa: E402
+
+
+class EventLog(keras.callbacks.Callback):
+    """Records which hooks ran and with which logs."""
+
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def on_train_begin(self, logs=None):
+        self.events.append(["train_begin"])
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.events.append(["epoch_end", epoch, dict(logs or {})])
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.events.append(["batch_end", batch, dict(logs or {})])
+
+    def on_train_end(self, logs=None):
+        self.events.append(["train_end"])
+
+
+class StopAt(keras.callbacks.Callback):
+    """Sets stop_training at a step, on one worker only (tests agreement)."""
+
+    def __init__(self, step, only_worker):
+        super().__init__()
+        self.step, self.only_worker, self.seen = step, only_worker, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.step and self.only_worker:
+            self.model.stop_training = True
+
+
+def make_data(n=512, seed=0):
+    rng = np.random.RandomState(seed)
+    x = rng.randn(n, 12).astype("float32")
+    w = rng.randn(12, 2).astype("float32")
+    y = (np.tanh(x @ w) + 0.1 * rng.randn(n, 2)).astype("float32")
+    return x, y
+
+
+def main(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "lamb"])
+    p.add_argument("--global_batch", type=int, default=32)
+    p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--xla", action="store_true")
+    p.add_argument("--clip", type=float, default=None)
+    p.add_argument("--checkpoint_dir", default=None)
+    p.add_argument("--save_steps", type=int, default=0)
+    p.add_argument("--model_checkpoint", default=None)
+    p.add_argument("--csv", default=None)
+    p.add_argument("--stop_at", type=int, default=0)
+    p.add_argument("--crash_at", type=int, default=0,
+                   help="exit(17) after this global step, once (marker file)")
+    args = p.parse_args(argv)
+
+    tf.config.experimental.enable_op_determinism()
+    keras.utils.set_random_seed(1)
+    info = cluster_lib.resolve_cluster()
+    config = cluster_lib.ClusterConfig(collective_timeout_seconds=60,
+                                       connect_timeout_seconds=60)
+    strategy = cluster_lib.make_strategy(info, config)
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((12,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.LayerNormalization(),
+            keras.layers.Dense(2)])
+        if args.optimizer == "sgd":
+            optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+        else:
+            optimizer = Lamb(0.01, weight_decay_rate=0.01)
+        metrics = [keras.metrics.MeanAbsoluteError(name="mae")]
+    train_config = trainer_lib.TrainConfig(
+        global_batch_size=args.global_batch,
+        num_accumulation_steps=args.accum, jit_compile=args.xla,
+        clip_global_norm=args.clip, checkpoint_dir=args.checkpoint_dir,
+        save_checkpoints_steps=args.save_steps, log_steps=2, verbose=2)
+    trainer = trainer_lib.Trainer(
+        model=model, optimizer=optimizer,
+        loss_fn=keras.losses.MeanSquaredError(), strategy=strategy,
+        config=train_config, metrics=metrics,
+        communication_options=cluster_lib.communication_options(config))
+
+    x, y = make_data()
+    micro = args.global_batch // args.accum
+
+    def dataset_fn(context):
+        per_replica = trainer.per_replica_batch_size
+        start = context.input_pipeline_id * per_replica
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(
+            micro, drop_remainder=True).repeat()
+        return ds.map(lambda a, b: (a[start:start + per_replica],
+                                    b[start:start + per_replica]))
+
+    log = EventLog()
+    callbacks = [log]
+    if args.model_checkpoint:
+        callbacks.append(keras.callbacks.ModelCheckpoint(
+            args.model_checkpoint, save_weights_only=True))
+    if args.csv:
+        callbacks.append(keras.callbacks.CSVLogger(args.csv))
+    if args.stop_at:
+        callbacks.append(StopAt(args.stop_at, info.worker_index == 1))
+    if args.crash_at:
+        marker = os.path.join(args.out, "crashed")
+
+        class Crash(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                step = int(trainer.step.numpy())
+                if step == args.crash_at and not os.path.exists(marker) \
+                        and info.worker_index == 1:
+                    open(marker, "w").close()
+                    os._exit(17)
+        callbacks.append(Crash())
+    trainer.fit(dataset_fn, steps_per_epoch=args.steps, epochs=args.epochs,
+                callbacks=callbacks)
+    index = info.worker_index
+    np.savez(os.path.join(args.out, f"weights_{index}.npz"),
+             *[v.numpy() for v in model.trainable_variables])
+    with open(os.path.join(args.out, f"events_{index}.json"), "w") as f:
+        json.dump({"events": log.events, "step": int(trainer.step.numpy()),
+                   "is_chief": trainer.is_chief}, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,120 @@
+"""Version workarounds for TensorFlow and Keras, each with what it works around.
+
+Everything in tfscale that touches a private TensorFlow or Keras name does it
+here, so an upgrade has one file to check. Each shim is gated on the versions
+it was verified against (TensorFlow 2.21, Keras 3.15).
+"""
+
+import functools
+
+import keras
+import tensorflow as tf
+
+KERAS_VERSION = tuple(int(p) for p in keras.__version__.split(".")[:2])
+TF_VERSION = tuple(int(p) for p in tf.__version__.split(".")[:2])
+
+
+def slurm_expand_hostlist(hostlist: str) -> list:
+    """'node[01-02],gpu7' -> ['node01', 'node02', 'gpu7'].
+
+    SLURM's hostlist grammar; TensorFlow's SlurmClusterResolver module has
+    the parser as a module-level function but does not export it.
+    """
+    from tensorflow.python.distribute.cluster_resolver import (
+        slurm_cluster_resolver)
+    return slurm_cluster_resolver.expand_hostlist(hostlist)
+
+
+def slurm_expand_tasks_per_node(spec: str) -> list:
+    """'2(x3),1' -> [2, 2, 2, 1] (SLURM_STEP_TASKS_PER_NODE's grammar)."""
+    from tensorflow.python.distribute.cluster_resolver import (
+        slurm_cluster_resolver)
+    return slurm_cluster_resolver.expand_tasks_per_node(spec)
+
+
+def disable_gradient_aggregation(optimizer):
+    """Stops a Keras 3 optimizer from all-reducing gradients itself.
+
+    Keras 3's TensorFlow optimizer sums gradients across replicas inside
+    `apply()` when it runs in a replica context (DESIGN.md fact 3). The
+    Trainer all-reduces once itself (to time it, clip after it, check it for
+    non-finite values and accumulate before it), so the optimizer must take
+    the already-reduced gradients as they are; otherwise every update would
+    be num_replicas times too large. Applies to the wrapped optimizer too.
+
+    Args:
+        optimizer: A `keras.optimizers.Optimizer` (TensorFlow backend).
+
+    Returns:
+        The same optimizer.
+    """
+    if not hasattr(optimizer, "_all_reduce_sum_gradients"):
+        raise TypeError(
+            f"{type(optimizer).__name__} has no _all_reduce_sum_gradients: "
+            f"this Keras ({keras.__version__}) is not the one tfscale "
+            "supports")
+    optimizer._all_reduce_sum_gradients = lambda grads_and_vars: list(
+        grads_and_vars)
+    return optimizer
+
+
+def enable_multi_worker_fit():
+    """Lets plain Keras 3 `model.fit` run under MultiWorkerMirroredStrategy.
+
+    Works around keras-team/keras#20585 (DESIGN.md facts 1 and 6), two bugs
+    in `keras/src/backend/tensorflow/trainer.py`:
+      * `_maybe_symbolic_build` calls `strategy.reduce("MEAN", batch)` on the
+        first (PerReplica) batch, which fails under MWMS. Building only needs
+        shapes, so the first local replica's batch is enough.
+      * `reduce_per_replica` reduces scalar logs with `axis=0`, which fails
+        for a rank-0 value under MWMS. Scalars are reduced with `axis=None`.
+
+    Switch it on explicitly, once, before `fit`. Idempotent. The Trainer does
+    not need it; `fit` still lacks what the Trainer adds (accumulation with
+    one all-reduce, clipping after the all-reduce, XLA on CPU with several
+    workers, chief-only files).
+
+    Raises:
+        RuntimeError: Keras is not a version this shim was verified against.
+    """
+    if KERAS_VERSION[0] != 3 or KERAS_VERSION < (3, 10):
+        raise RuntimeError(
+            f"enable_multi_worker_fit supports Keras 3.10+, found "
+            f"{keras.__version__}")
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+    if getattr(tf_trainer, "_tfscale_patched", False):
+        return
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self._distribute_strategy is None:
+            return
+        if iterator is not None:
+            for _, _, it in iterator:
+                batch = next(it)
+                data_batch = tf.nest.map_structure(
+                    lambda v: (self.distribute_strategy.
+                               experimental_local_results(v)[0]
+                               if isinstance(v, tf.distribute.DistributedValues)
+                               else v), batch)
+                break
+        with self.distribute_strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    original_reduce = tf_trainer.reduce_per_replica
+
+    @functools.wraps(original_reduce)
+    def reduce_per_replica(values, strategy, reduction):
+        if (tf_trainer._collective_all_reduce_multi_worker(strategy)
+                and reduction in ("auto", "mean")):
+            def _reduce(v):
+                if isinstance(v, tf.distribute.DistributedValues):
+                    rank0 = strategy.experimental_local_results(v)[0].shape.rank
+                    if rank0 == 0:
+                        return strategy.reduce("MEAN", v, axis=None)
+                return original_reduce(v, strategy, reduction)
+            return tf.nest.map_structure(_reduce, values)
+        return original_reduce(values, strategy, reduction)
+
+    tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    tf_trainer.reduce_per_replica = reduce_per_replica
+    tf_trainer._tfscale_patched = True

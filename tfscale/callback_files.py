@@ -1,0 +1,59 @@
+"""Chief-only files for Keras's own callbacks.
+
+Keras 3's file-writing callbacks have no notion of a chief (DESIGN.md fact
+9): under MultiWorkerMirroredStrategy every worker would write, and race on,
+the same paths. Each worker still runs every callback (a callback may take
+part in collectives or decide `stop_training`), but on non-chief workers the
+files go to a private temporary directory that is removed at the end.
+
+BackupAndRestore is special: every worker must *restore* from the chief's
+backup (so all start from the same weights), and only then are its writes
+redirected.
+"""
+
+import os
+
+import keras
+
+# Callback class -> attributes that name where it writes.
+_WRITE_TARGETS = (
+    (keras.callbacks.ModelCheckpoint, ("filepath",)),
+    (keras.callbacks.TensorBoard, ("log_dir",)),
+    (keras.callbacks.CSVLogger, ("filename",)),
+)
+
+
+def _private_path(path: str, worker_dir: str) -> str:
+    return os.path.join(worker_dir, os.path.basename(os.path.normpath(path)))
+
+
+def route_writes(callbacks, worker_dir: str) -> None:
+    """Points the write targets of Keras's file callbacks into `worker_dir`.
+
+    Call on non-chief workers only, before `set_model`.
+    """
+    for callback in callbacks:
+        for cls, attributes in _WRITE_TARGETS:
+            if isinstance(callback, cls):
+                for attribute in attributes:
+                    setattr(callback, attribute, _private_path(
+                        getattr(callback, attribute), worker_dir))
+
+
+def route_backup_writes(callbacks, worker_dir: str) -> None:
+    """Redirects BackupAndRestore's writes after it restored from the chief.
+
+    Call on non-chief workers only, after `on_train_begin`.
+    """
+    for callback in callbacks:
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            backup_dir = os.path.join(worker_dir, "backup")
+            callback.backup_dir = backup_dir
+            # Keras derives these four paths from backup_dir in __init__.
+            callback._weights_path = os.path.join(backup_dir,
+                                                  "latest.weights.h5")
+            callback._training_metadata_path = os.path.join(
+                backup_dir, "training_metadata.json")
+            callback._prev_weights_path = callback._weights_path + ".bkp"
+            callback._prev_training_metadata_path = (
+                callback._training_metadata_path + ".bkp")

@@ -1,0 +1,329 @@
+"""Cluster resolution and strategy construction.
+
+This is the only module that reads `TF_CONFIG` or SLURM's environment. It turns
+the environment into a `ClusterInfo` (pure, testable without TensorFlow) and a
+`ClusterInfo` plus a `ClusterConfig` into a `tf.distribute` strategy.
+
+Sources, in order of precedence:
+  1. `TF_CONFIG` (Kubernetes operators, `launch.local`, hand-written configs).
+  2. SLURM (`srun python run_pretraining.py ...`): one worker per task.
+  3. Neither: a single worker.
+"""
+
+import dataclasses
+import json
+import os
+import socket
+import sys
+import threading
+from typing import Mapping, Optional, Sequence
+
+_CHIEF = "chief"
+_WORKER = "worker"
+_ALL_REDUCE_ALGS = ("auto", "ring", "nccl")
+
+
+class ClusterError(ValueError):
+    """The environment describes an invalid cluster."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """How workers talk to each other.
+
+    Attributes:
+        all_reduce_alg: Collective implementation: "auto", "ring" or "nccl".
+        bytes_per_pack: Gradients are packed into chunks of about this many
+            bytes per all-reduce; 0 lets TensorFlow choose (one pack).
+        collective_timeout_seconds: A collective that does not complete in
+            this time fails instead of hanging. None waits forever.
+        connect_timeout_seconds: Start-up (all workers reachable and the
+            first collective done) must finish in this time, or the worker
+            exits naming the peers it could not reach.
+        slurm_port_base: First port on each node when the cluster comes from
+            SLURM; task i on a node listens on port base + i.
+    """
+
+    all_reduce_alg: str = "auto"
+    bytes_per_pack: int = 0
+    collective_timeout_seconds: Optional[float] = 300.0
+    connect_timeout_seconds: float = 120.0
+    slurm_port_base: int = 8888
+
+    def __post_init__(self):
+        if self.all_reduce_alg not in _ALL_REDUCE_ALGS:
+            raise ValueError(
+                f"all_reduce_alg must be one of {_ALL_REDUCE_ALGS}, "
+                f"got {self.all_reduce_alg!r}")
+        if self.bytes_per_pack < 0:
+            raise ValueError(
+                f"bytes_per_pack must be >= 0, got {self.bytes_per_pack}")
+        if (self.collective_timeout_seconds is not None
+                and self.collective_timeout_seconds <= 0):
+            raise ValueError("collective_timeout_seconds must be > 0 or None")
+        if self.connect_timeout_seconds <= 0:
+            raise ValueError("connect_timeout_seconds must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """Where this process sits in the job.
+
+    Attributes:
+        cluster: `{"chief": [...], "worker": [...]}` address lists, empty for
+            a single worker.
+        task_type: "chief" or "worker" (TF_CONFIG's words).
+        task_index: Index within `task_type`.
+        source: "tf_config", "slurm" or "single".
+    """
+
+    cluster: Mapping[str, Sequence[str]]
+    task_type: str
+    task_index: int
+    source: str
+
+    @property
+    def num_workers(self) -> int:
+        """Number of worker processes, chief included."""
+        return max(1, len(self.cluster.get(_CHIEF, ())) +
+                   len(self.cluster.get(_WORKER, ())))
+
+    @property
+    def worker_index(self) -> int:
+        """Global index of this process in [0, num_workers); chief is 0."""
+        if self.task_type == _CHIEF:
+            return 0
+        return len(self.cluster.get(_CHIEF, ())) + self.task_index
+
+    @property
+    def is_chief(self) -> bool:
+        """True for the one worker that writes checkpoints and logs."""
+        return self.worker_index == 0
+
+    @property
+    def address(self) -> Optional[str]:
+        if not self.cluster:
+            return None
+        return self.cluster[self.task_type][self.task_index]
+
+    @property
+    def peer_addresses(self) -> list:
+        """Addresses of every other worker."""
+        own = self.address
+        return [a for t in (_CHIEF, _WORKER) for a in self.cluster.get(t, ())
+                if a != own]
+
+
+def resolve_cluster(environ: Mapping[str, str] = None,
+                    slurm_port_base: int = 8888) -> ClusterInfo:
+    """Reads the cluster from the environment.
+
+    Args:
+        environ: The environment; `os.environ` when None.
+        slurm_port_base: Port of the first task on each SLURM node.
+
+    Returns:
+        A `ClusterInfo`.
+
+    Raises:
+        ClusterError: TF_CONFIG or the SLURM variables are malformed; the
+            message names the variable and what is wrong with it.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("TF_CONFIG", "").strip():
+        return _from_tf_config(environ["TF_CONFIG"])
+    if "SLURM_PROCID" in environ and _slurm_num_tasks(environ) > 1:
+        return _from_slurm(environ, slurm_port_base)
+    return ClusterInfo(cluster={}, task_type=_WORKER, task_index=0,
+                       source="single")
+
+
+def _from_tf_config(text: str) -> ClusterInfo:
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ClusterError(f"TF_CONFIG is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ClusterError("TF_CONFIG must be a JSON object with 'cluster' "
+                           "and 'task'")
+    cluster = config.get("cluster")
+    task = config.get("task")
+    if not isinstance(cluster, dict) or not cluster:
+        raise ClusterError("TF_CONFIG has no 'cluster' object")
+    if not isinstance(task, dict):
+        raise ClusterError("TF_CONFIG has no 'task' object")
+    unknown = sorted(set(cluster) - {_CHIEF, _WORKER, "evaluator"})
+    if unknown:
+        raise ClusterError(f"TF_CONFIG cluster has task types {unknown}; "
+                           "multi-worker training takes 'chief' and 'worker'")
+    for task_type, addresses in cluster.items():
+        if (not isinstance(addresses, list) or not addresses or not all(
+                isinstance(a, str) and _valid_address(a) for a in addresses)):
+            raise ClusterError(
+                f"TF_CONFIG cluster['{task_type}'] must be a non-empty list "
+                f"of 'host:port' strings, got {addresses!r}")
+    if len(cluster.get(_CHIEF, ())) > 1:
+        raise ClusterError("TF_CONFIG cluster has more than one 'chief'")
+    task_type = task.get("type")
+    if task_type is None:
+        raise ClusterError("TF_CONFIG task has no 'type'")
+    if task_type not in cluster:
+        raise ClusterError(f"TF_CONFIG task type {task_type!r} is not in the "
+                           f"cluster (which has {sorted(cluster)})")
+    if task_type == "evaluator":
+        raise ClusterError("TF_CONFIG task type 'evaluator' is not supported")
+    task_index = task.get("index", 0)
+    if not isinstance(task_index, int) or isinstance(task_index, bool):
+        raise ClusterError(f"TF_CONFIG task index must be an integer, got "
+                           f"{task_index!r}")
+    if not 0 <= task_index < len(cluster[task_type]):
+        raise ClusterError(
+            f"TF_CONFIG task index {task_index} is out of range for "
+            f"'{task_type}' with {len(cluster[task_type])} task(s)")
+    cluster = {t: list(a) for t, a in cluster.items() if t != "evaluator"}
+    return ClusterInfo(cluster=cluster, task_type=task_type,
+                       task_index=task_index, source="tf_config")
+
+
+def _valid_address(address: str) -> bool:
+    host, sep, port = address.rpartition(":")
+    return bool(host) and bool(sep) and port.isdigit()
+
+
+def _slurm_num_tasks(environ) -> int:
+    value = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS")
+    if value is None:
+        raise ClusterError("SLURM_PROCID is set but neither "
+                           "SLURM_STEP_NUM_TASKS nor SLURM_NTASKS is")
+    try:
+        return int(value)
+    except ValueError:
+        raise ClusterError(f"SLURM_NTASKS is not an integer: {value!r}") from None
+
+
+def _from_slurm(environ, port_base: int) -> ClusterInfo:
+    # Hostlist and tasks-per-node grammars are SLURM's; TensorFlow's
+    # SlurmClusterResolver module already parses both.
+    from tfscale._compat import slurm_expand_hostlist, slurm_expand_tasks_per_node
+    num_tasks = _slurm_num_tasks(environ)
+    try:
+        rank = int(environ["SLURM_PROCID"])
+    except ValueError:
+        raise ClusterError(
+            f"SLURM_PROCID is not an integer: {environ['SLURM_PROCID']!r}") from None
+    nodelist = (environ.get("SLURM_STEP_NODELIST")
+                or environ.get("SLURM_JOB_NODELIST"))
+    if not nodelist:
+        raise ClusterError("SLURM job has no SLURM_STEP_NODELIST or "
+                           "SLURM_JOB_NODELIST")
+    hosts = slurm_expand_hostlist(nodelist)
+    tasks_spec = (environ.get("SLURM_STEP_TASKS_PER_NODE")
+                  or environ.get("SLURM_TASKS_PER_NODE"))
+    if tasks_spec:
+        per_node = slurm_expand_tasks_per_node(tasks_spec)
+    else:
+        per_node = [num_tasks // len(hosts)] * len(hosts)
+    if len(per_node) != len(hosts) or sum(per_node) != num_tasks:
+        raise ClusterError(
+            f"SLURM tasks per node {per_node} on hosts {hosts} do not add up "
+            f"to {num_tasks} tasks")
+    if not 0 <= rank < num_tasks:
+        raise ClusterError(f"SLURM_PROCID {rank} is out of range for "
+                           f"{num_tasks} tasks")
+    # SLURM's block distribution numbers tasks node by node.
+    workers = [f"{host}:{port_base + local}"
+               for host, count in zip(hosts, per_node)
+               for local in range(count)]
+    return ClusterInfo(cluster={_WORKER: workers}, task_type=_WORKER,
+                       task_index=rank, source="slurm")
+
+
+def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
+    """Builds the strategy for this process.
+
+    Args:
+        info: Where this process sits (from `resolve_cluster`).
+        config: Communication settings.
+        devices: Single-worker only: devices to mirror over (default: all
+            local GPUs, else the CPU).
+
+    Returns:
+        A `MultiWorkerMirroredStrategy` when there is more than one worker,
+        else a `MirroredStrategy` over the local devices.
+    """
+    import tensorflow as tf
+
+    if info.num_workers == 1:
+        if devices is None:
+            gpus = tf.config.list_logical_devices("GPU")
+            devices = [d.name for d in gpus] or ["/cpu:0"]
+        return tf.distribute.MirroredStrategy(devices)
+
+    options = communication_options(config)
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(dict(info.cluster)), task_type=info.task_type,
+        task_id=info.task_index, rpc_layer="grpc")
+    with StartupWatchdog(info, config.connect_timeout_seconds):
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options)
+        # The first collective proves every peer is up and reachable.
+        tf.function(lambda: strategy.reduce(
+            tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)),
+            axis=None))()
+    return strategy
+
+
+def communication_options(config: ClusterConfig):
+    """The `CommunicationOptions` for the Trainer's gradient all-reduce."""
+    import tensorflow as tf
+    implementation = getattr(
+        tf.distribute.experimental.CommunicationImplementation,
+        config.all_reduce_alg.upper())
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=config.bytes_per_pack,
+        timeout_seconds=config.collective_timeout_seconds,
+        implementation=implementation)
+
+
+class StartupWatchdog:
+    """Exits the process if cluster start-up takes longer than a limit.
+
+    TensorFlow waits forever for a peer that never comes up. Within the
+    `with` block, a timer thread fires after `timeout` seconds, names the
+    peers that do not accept TCP connections, and exits with status 3.
+    """
+
+    EXIT_CODE = 3
+
+    def __init__(self, info: ClusterInfo, timeout: float):
+        self._info = info
+        self._timeout = timeout
+        self._done = threading.Event()
+
+    def __enter__(self):
+        threading.Thread(target=self._watch, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+
+    def _watch(self):
+        if self._done.wait(self._timeout):
+            return
+        dead = [a for a in self._info.peer_addresses if not _reachable(a)]
+        detail = (f"unreachable peer(s): {', '.join(dead)}" if dead else
+                  "all peers accept connections but did not join")
+        sys.stderr.write(
+            f"tfscale: worker {self._info.worker_index} could not start the "
+            f"cluster within {self._timeout:g}s ({detail})\n")
+        sys.stderr.flush()
+        os._exit(self.EXIT_CODE)
+
+
+def _reachable(address: str, timeout: float = 1.0) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False

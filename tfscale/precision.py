@@ -1,0 +1,64 @@
+"""Numeric precision: the global Keras dtype policy and fp16 loss scaling.
+
+The global precision policy is set here and nowhere else. float16 needs
+dynamic loss scaling (small gradients underflow in half precision); bfloat16
+has float32's exponent range and needs none.
+"""
+
+import keras
+import tensorflow as tf
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+def set_precision(precision: str) -> None:
+    """Sets Keras's global dtype policy. Call before building the model.
+
+    Raises:
+        ValueError: `precision` is not one of PRECISIONS.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"precision must be one of {PRECISIONS}, got {precision!r}")
+    keras.mixed_precision.set_global_policy(precision)
+
+
+def needs_loss_scaling(precision: str) -> bool:
+    return precision == "mixed_float16"
+
+
+class DynamicLossScale(tf.Module):
+    """Dynamic loss scaling as in Micikevicius et al. (2018).
+
+    The loss is multiplied by `scale` before the backward pass and the
+    gradients divided by it after the all-reduce. A step whose reduced
+    gradients are not all finite is skipped and the scale halved; after
+    `growth_steps` finite steps in a row it doubles. The decision is made on
+    all-reduced gradients, so every worker makes the same one.
+
+    Build it under `strategy.scope()` so its state is checkpointed with the
+    model and restored on resume.
+    """
+
+    def __init__(self, initial_scale: float = 2.0**15, growth_steps: int = 2000,
+                 min_scale: float = 1.0):
+        super().__init__(name="dynamic_loss_scale")
+        if initial_scale < 1 or growth_steps < 1:
+            raise ValueError("initial_scale must be >= 1 and growth_steps >= 1")
+        self.scale = tf.Variable(float(initial_scale), trainable=False,
+                                 dtype=tf.float32, name="scale")
+        self.good_steps = tf.Variable(0, trainable=False, dtype=tf.int64,
+                                      name="good_steps")
+        self.growth_steps = growth_steps
+        self.min_scale = float(min_scale)
+
+    def update(self, finite: bool) -> None:
+        """Adjusts the scale after a step (eagerly, on the host)."""
+        if not finite:
+            self.scale.assign(max(self.min_scale, float(self.scale) / 2.0))
+            self.good_steps.assign(0)
+        elif int(self.good_steps) + 1 >= self.growth_steps:
+            self.scale.assign(float(self.scale) * 2.0)
+            self.good_steps.assign(0)
+        else:
+            self.good_steps.assign_add(1)

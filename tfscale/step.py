@@ -1,0 +1,204 @@
+"""The distributed training step, as three compiled functions.
+
+One optimizer step is:
+
+    compute  per replica: forward and backward over k micro-batches, gradients
+             summed locally (XLA-compiled when asked). No communication.
+    sync     one all-reduce of [loss, *gradients] across all replicas, then
+             loss-scale removal, a finite check and global-norm clipping.
+    apply    the optimizer update with the reduced gradients.
+
+Why three functions and not one:
+  * XLA cannot compile collectives on CPU (DESIGN.md fact 2), so the
+    all-reduce must sit outside the jit-compiled forward/backward.
+  * Timing each part separately gives the input/compute/sync split.
+  * fp16 skips a step whose reduced gradients are not finite. Keras's
+    `optimizer.apply` cannot run inside a `cond` under a strategy (fact 7);
+    with separate functions the host decides and simply does not call apply.
+
+Loss scaling across replicas: each replica's loss is the sum of its
+per-example losses divided by the *global* batch (per-replica x replicas x
+accumulation steps). Summing gradients over micro-batches and replicas then
+yields exactly the gradient of the mean loss over the global batch, which is
+why N workers with global batch B match one worker with batch B.
+"""
+
+import dataclasses
+from typing import Callable, Optional, Sequence
+
+import keras
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """What the step needs to know.
+
+    Attributes:
+        global_batch_size: Examples per optimizer step over all replicas and
+            micro-batches.
+        num_accumulation_steps: Micro-batches per optimizer step (k).
+        jit_compile: XLA-compile the per-replica forward/backward.
+        clip_global_norm: Clip the reduced gradients to this global norm.
+    """
+
+    global_batch_size: int
+    num_accumulation_steps: int = 1
+    jit_compile: bool = False
+    clip_global_norm: Optional[float] = None
+
+
+def per_example_loss(loss_fn, y_true, y_pred):
+    """Unreduced loss: one value per example.
+
+    A `keras.losses.Loss` is called through `.call` (no reduction); any other
+    callable must already return one value per example.
+    """
+    if isinstance(loss_fn, keras.losses.Loss):
+        values = loss_fn.call(y_true, y_pred)
+    else:
+        values = loss_fn(y_true, y_pred)
+    values = tf.cast(values, tf.float32)
+    # Losses like MSE return one value per example; anything with more axes
+    # (per-token losses) is averaged over them.
+    if values.shape.rank and values.shape.rank > 1:
+        values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+    return values
+
+
+class TrainStep:
+    """Compiled compute / sync / apply functions for one model.
+
+    Args:
+        model: A built Keras 3 model, created under `strategy.scope()`.
+        optimizer: Its optimizer, created under the same scope, with its own
+            gradient aggregation switched off
+            (`_compat.disable_gradient_aggregation`).
+        loss_fn: `keras.losses.Loss` or `fn(y_true, y_pred) -> [batch]`.
+        metrics: Keras metrics updated with (y_true, y_pred) per micro-batch.
+        strategy: The `tf.distribute` strategy.
+        config: A `StepConfig`.
+        communication_options: `CommunicationOptions` for the all-reduce.
+        loss_scale: A `precision.DynamicLossScale` for fp16, else None.
+    """
+
+    def __init__(self, *, model, optimizer, loss_fn: Callable,
+                 metrics: Sequence[keras.metrics.Metric], strategy,
+                 config: StepConfig, communication_options=None,
+                 loss_scale=None):
+        self._model = model
+        self._optimizer = optimizer
+        self._loss_fn = loss_fn
+        self._metrics = list(metrics)
+        self._strategy = strategy
+        self._config = config
+        self._options = communication_options
+        self._loss_scale = loss_scale
+        self._variables = model.trainable_variables
+        self._forward_backward = tf.function(
+            self._forward_backward_fn, jit_compile=config.jit_compile)
+        self.compute = tf.function(self._compute)
+        self.sync = tf.function(self._sync)
+        self.apply = tf.function(self._apply)
+
+    # ---- per replica -----------------------------------------------------
+
+    def _forward_backward_fn(self, x, y, sample_weight):
+        scale = (tf.cast(self._loss_scale.scale, tf.float32)
+                 if self._loss_scale is not None else None)
+        with tf.GradientTape() as tape:
+            y_pred = self._model(x, training=True)
+            losses = per_example_loss(self._loss_fn, y, y_pred)
+            if sample_weight is not None:
+                losses = losses * tf.cast(sample_weight, losses.dtype)
+            loss = tf.reduce_sum(losses) / self._config.global_batch_size
+            if self._model.losses:
+                # Regularization is counted once per optimizer step in total.
+                replicas = (self._strategy.num_replicas_in_sync *
+                            self._config.num_accumulation_steps)
+                loss += tf.add_n([tf.cast(l, tf.float32)
+                                  for l in self._model.losses]) / replicas
+            scaled = loss * scale if scale is not None else loss
+        grads = tape.gradient(scaled, self._variables)
+        grads = [tf.zeros_like(v) if g is None else g
+                 for g, v in zip(grads, self._variables)]
+        return loss, grads, y_pred
+
+    def _replica_compute(self, micro_batches):
+        loss_sum = tf.constant(0.0)
+        grad_sum = None
+        for batch in micro_batches:
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+            loss, grads, y_pred = self._forward_backward(x, y, sample_weight)
+            for metric in self._metrics:
+                metric.update_state(y, y_pred, sample_weight=sample_weight)
+            loss_sum += loss
+            grad_sum = grads if grad_sum is None else [
+                a + b for a, b in zip(grad_sum, grads)]
+        return loss_sum, grad_sum
+
+    def _replica_sync(self, loss, grads):
+        context = tf.distribute.get_replica_context()
+        # tf.identity gives the values the replica's device: inputs that
+        # come from another tf.function carry none, and all_reduce needs it.
+        values = [tf.identity(loss)] + [tf.identity(g) for g in grads]
+        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, values,
+                                     options=self._options)
+        loss, grads = reduced[0], reduced[1:]
+        if self._loss_scale is not None:
+            inverse = 1.0 / tf.cast(self._loss_scale.scale, tf.float32)
+            grads = [g * tf.cast(inverse, g.dtype) for g in grads]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g))
+                                for g in grads])
+        norm = tf.linalg.global_norm(grads)
+        if self._config.clip_global_norm:
+            # After the all-reduce: clipping per-replica partial gradients
+            # (what Keras's global_clipnorm does, fact 8) is not the same.
+            grads, _ = tf.clip_by_global_norm(
+                grads, self._config.clip_global_norm, use_norm=norm)
+        return loss, grads, finite, norm
+
+    def _replica_apply(self, grads):
+        self._optimizer.apply(grads, self._variables)
+
+    # ---- cross replica (the compiled entry points) --------------------------
+
+    def _compute(self, micro_batches):
+        return self._strategy.run(self._replica_compute, args=(micro_batches,))
+
+    def _sync(self, loss, grads):
+        return self._strategy.run(self._replica_sync, args=(loss, grads))
+
+    def _apply(self, grads):
+        self._strategy.run(self._replica_apply, args=(grads,))
+
+
+class EvalStep:
+    """Compiled evaluation step: loss and metrics, all-reduced.
+
+    Returns the summed per-example loss and the example count, so the mean
+    over a whole (possibly uneven) evaluation set is exact.
+    """
+
+    def __init__(self, *, model, loss_fn, metrics, strategy):
+        self._model = model
+        self._loss_fn = loss_fn
+        self._metrics = list(metrics)
+        self._strategy = strategy
+        self.run = tf.function(self._run)
+
+    def _replica_step(self, batch):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+        y_pred = self._model(x, training=False)
+        losses = per_example_loss(self._loss_fn, y, y_pred)
+        count = tf.cast(tf.shape(losses)[0], tf.float32)
+        if sample_weight is not None:
+            losses = losses * tf.cast(sample_weight, losses.dtype)
+        for metric in self._metrics:
+            metric.update_state(y, y_pred, sample_weight=sample_weight)
+        context = tf.distribute.get_replica_context()
+        return context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                  [tf.reduce_sum(losses), count])
+
+    def _run(self, batch):
+        return self._strategy.run(self._replica_step, args=(batch,))
