@@ -16,6 +16,7 @@ setup(
         "tensorflow==2.21.0",
         "keras>=3.15.1,<3.16",
         "absl-py>=2.1",
+        "tensorboard==2.21.0",
         "tensorflow-datasets==4.9.10",
         "numpy>=1.26",
     ],

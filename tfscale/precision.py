@@ -55,10 +55,10 @@ class DynamicLossScale(tf.Module):
     def update(self, finite: bool) -> None:
         """Adjusts the scale after a step (eagerly, on the host)."""
         if not finite:
-            self.scale.assign(max(self.min_scale, float(self.scale) / 2.0))
+            self.scale.assign(max(self.min_scale, float(self.scale.numpy()) / 2.0))
             self.good_steps.assign(0)
-        elif int(self.good_steps) + 1 >= self.growth_steps:
-            self.scale.assign(float(self.scale) * 2.0)
+        elif int(self.good_steps.numpy()) + 1 >= self.growth_steps:
+            self.scale.assign(float(self.scale.numpy()) * 2.0)
             self.good_steps.assign(0)
         else:
             self.good_steps.assign_add(1)

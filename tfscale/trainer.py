@@ -148,6 +148,9 @@ class Trainer:
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                     name="train_step")
         _compat.disable_gradient_aggregation(optimizer)
+        # Keras callbacks (TensorBoard, BackupAndRestore, ModelCheckpoint)
+        # look for the optimizer where `compile` would have put it.
+        model.optimizer = optimizer
         self._train_step = TrainStep(
             model=model, optimizer=optimizer, loss_fn=loss_fn,
             metrics=self.metrics, strategy=strategy,

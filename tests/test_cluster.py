@@ -1,0 +1,103 @@
+import json
+
+import pytest
+
+from tfscale.cluster import ClusterConfig, ClusterError, resolve_cluster
+
+
+def tf_config(cluster, task):
+    return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+
+
+def test_no_environment_is_single_worker():
+    info = resolve_cluster({})
+    assert (info.num_workers, info.worker_index, info.is_chief, info.source) == (
+        1, 0, True, "single")
+
+
+def test_tf_config_worker_zero_is_chief():
+    env = tf_config({"worker": ["a:1", "b:2", "c:3"]},
+                    {"type": "worker", "index": 2})
+    info = resolve_cluster(env)
+    assert (info.num_workers, info.worker_index, info.is_chief) == (3, 2, False)
+    assert info.address == "c:3"
+    assert info.peer_addresses == ["a:1", "b:2"]
+    assert resolve_cluster(tf_config({"worker": ["a:1", "b:2"]},
+                                     {"type": "worker", "index": 0})).is_chief
+
+
+def test_tf_config_with_chief_counts_chief_first():
+    env = tf_config({"chief": ["c:1"], "worker": ["w:1", "w:2"]},
+                    {"type": "worker", "index": 0})
+    info = resolve_cluster(env)
+    assert (info.num_workers, info.worker_index, info.is_chief) == (3, 1, False)
+    chief = resolve_cluster(tf_config({"chief": ["c:1"], "worker": ["w:1"]},
+                                      {"type": "chief", "index": 0}))
+    assert chief.is_chief and chief.worker_index == 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not valid JSON"),
+    (json.dumps({"task": {"type": "worker", "index": 0}}), "no 'cluster'"),
+    (json.dumps({"cluster": {"worker": ["a:1"]}}), "no 'task'"),
+    (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"index": 0}}),
+     "has no 'type'"),
+    (json.dumps({"cluster": {"worker": ["a:1"]},
+                 "task": {"type": "ps", "index": 0}}), "'ps' is not in"),
+    (json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                 "task": {"type": "worker", "index": 2}}), "out of range"),
+    (json.dumps({"cluster": {"worker": ["a1"]},
+                 "task": {"type": "worker", "index": 0}}), "host:port"),
+    (json.dumps({"cluster": {"ps": ["a:1"], "worker": ["b:2"]},
+                 "task": {"type": "worker", "index": 0}}), "task types ['ps']"),
+])
+def test_bad_tf_config_names_the_problem(text, message):
+    with pytest.raises(ClusterError, match="TF_CONFIG") as error:
+        resolve_cluster({"TF_CONFIG": text})
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_slurm_two_tasks_on_one_node():
+    env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
+           "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": "2"}
+    info = resolve_cluster(env, slurm_port_base=7000)
+    assert info.source == "slurm"
+    assert info.cluster == {"worker": ["localhost:7000", "localhost:7001"]}
+    assert (info.worker_index, info.is_chief) == (1, False)
+
+
+def test_slurm_many_nodes_block_distribution():
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "5",
+           "SLURM_JOB_NODELIST": "gpu[01-02],cpu7",
+           "SLURM_TASKS_PER_NODE": "2(x2),1"}
+    info = resolve_cluster(env, slurm_port_base=9000)
+    assert info.cluster["worker"] == ["gpu01:9000", "gpu01:9001", "gpu02:9000",
+                                      "gpu02:9001", "cpu7:9000"]
+    assert info.address == "gpu02:9001"
+
+
+def test_slurm_single_task_is_single_worker():
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "n1"}
+    assert resolve_cluster(env).source == "single"
+
+
+def test_slurm_inconsistent_tasks_is_an_error():
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "4",
+           "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"}
+    with pytest.raises(ClusterError, match="do not add up"):
+        resolve_cluster(env)
+
+
+def test_tf_config_wins_over_slurm():
+    env = tf_config({"worker": ["a:1", "b:2"]}, {"type": "worker", "index": 1})
+    env.update({"SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+                "SLURM_JOB_NODELIST": "n1"})
+    assert resolve_cluster(env).source == "tf_config"
+
+
+def test_cluster_config_validates():
+    with pytest.raises(ValueError, match="all_reduce_alg"):
+        ClusterConfig(all_reduce_alg="mpi")
+    with pytest.raises(ValueError, match="bytes_per_pack"):
+        ClusterConfig(bytes_per_pack=-1)

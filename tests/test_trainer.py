@@ -1,0 +1,259 @@
+"""The Trainer in one process, under MirroredStrategy on two logical CPUs."""
+
+import csv
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfscale import precision
+from tfscale.trainer import TrainConfig, Trainer
+
+TWO_CPUS = ["/cpu:0", "/cpu:1"]
+_STRATEGIES = {}
+
+
+def mirrored(devices):
+    """One strategy per device set for the whole process: collective keys of
+    separate MirroredStrategy objects over the same devices collide."""
+    key = tuple(devices)
+    if key not in _STRATEGIES:
+        _STRATEGIES[key] = tf.distribute.MirroredStrategy(list(devices))
+    return _STRATEGIES[key]
+
+
+def data(n=256, seed=0):
+    rng = np.random.RandomState(seed)
+    x = rng.randn(n, 6).astype("float32")
+    y = (x @ rng.randn(6, 1)).astype("float32")
+    return x, y
+
+
+def build(strategy, optimizer_fn=lambda: keras.optimizers.SGD(0.05), seed=3):
+    keras.utils.set_random_seed(seed)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)),
+                                  keras.layers.Dense(8, activation="tanh"),
+                                  keras.layers.Dense(1)])
+        optimizer = optimizer_fn()
+        metrics = [keras.metrics.MeanAbsoluteError(name="mae")]
+    return model, optimizer, metrics
+
+
+def make_trainer(strategy, config, optimizer_fn=lambda: keras.optimizers.SGD(0.05)):
+    model, optimizer, metrics = build(strategy, optimizer_fn)
+    trainer = Trainer(model=model, optimizer=optimizer,
+                      loss_fn=keras.losses.MeanSquaredError(),
+                      strategy=strategy, config=config, metrics=metrics)
+    return trainer
+
+
+def dataset_fn_for(trainer, x, y, repeat=True):
+    def dataset_fn(context):
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        ds = ds.repeat() if repeat else ds
+        return ds.batch(trainer.per_replica_batch_size)
+    return dataset_fn
+
+
+def weights(model):
+    return [v.numpy() for v in model.trainable_variables]
+
+
+class Recorder(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+        self.batch_logs = []
+
+    def on_train_begin(self, logs=None):
+        self.calls.append("train_begin")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.calls.append(f"epoch_begin_{epoch}")
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batch_logs.append(dict(logs))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.calls.append(f"epoch_end_{epoch}")
+
+    def on_train_end(self, logs=None):
+        self.calls.append("train_end")
+
+
+def test_trains_on_two_replicas_and_drives_callbacks():
+    strategy = mirrored(TWO_CPUS)
+    trainer = make_trainer(strategy, TrainConfig(global_batch_size=32,
+                                                 log_steps=5, verbose=0))
+    x, y = data()
+    recorder = Recorder()
+    history = trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=10,
+                          epochs=3, callbacks=[recorder])
+    assert recorder.calls == ["train_begin", "epoch_begin_0", "epoch_end_0",
+                              "epoch_begin_1", "epoch_end_1", "epoch_begin_2",
+                              "epoch_end_2", "train_end"]
+    assert len(recorder.batch_logs) == 30
+    assert {"loss", "mae", "learning_rate"} <= set(recorder.batch_logs[0])
+    assert recorder.batch_logs[0]["learning_rate"] == pytest.approx(0.05)
+    timed = recorder.batch_logs[4]
+    assert timed["examples_per_second"] > 0
+    parts = sum(timed[p] for p in ("input_wait", "compute", "sync", "update"))
+    assert parts == pytest.approx(timed["step_time"], rel=0.05)
+    losses = history.history["loss"]
+    assert losses[-1] < 0.5 * losses[0]
+    assert int(trainer.step.numpy()) == 30
+    assert int(trainer.optimizer.iterations.numpy()) == 30
+
+
+def test_accumulation_matches_one_big_batch():
+    x, y = data()
+    big = make_trainer(mirrored(["/cpu:0"]),
+                       TrainConfig(global_batch_size=32, verbose=0))
+    big.fit(dataset_fn_for(big, x, y), steps_per_epoch=5)
+    # Two replicas x two micro-batches of 8 = the same 32 examples per step.
+    accum = make_trainer(mirrored(TWO_CPUS),
+                         TrainConfig(global_batch_size=32,
+                                     num_accumulation_steps=2, verbose=0))
+    assert accum.per_replica_batch_size == 8
+    accum.fit(dataset_fn_for(accum, x, y), steps_per_epoch=5)
+    for a, b in zip(weights(big.model), weights(accum.model)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert int(accum.optimizer.iterations.numpy()) == 5
+
+
+def test_xla_matches_no_xla():
+    x, y = data()
+    results = []
+    for jit in (False, True):
+        trainer = make_trainer(mirrored(TWO_CPUS),
+                               TrainConfig(global_batch_size=16,
+                                           jit_compile=jit, verbose=0))
+        trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=6)
+        results.append(weights(trainer.model))
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_clipping_applies_to_the_reduced_gradient():
+    x, y = data()
+    trainer = make_trainer(mirrored(TWO_CPUS),
+                           TrainConfig(global_batch_size=16,
+                                       clip_global_norm=1e-3, verbose=0),
+                           optimizer_fn=lambda: keras.optimizers.SGD(1.0))
+    before = weights(trainer.model)
+    trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=1)
+    delta = np.sqrt(sum(np.sum((a - b) ** 2)
+                        for a, b in zip(weights(trainer.model), before)))
+    assert delta == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_resume_ends_where_uninterrupted_run_ends(tmp_path):
+    x, y = data()
+    config = dict(global_batch_size=16, save_checkpoints_steps=2, verbose=0)
+    adam = lambda: keras.optimizers.Adam(0.01)  # noqa: E731  (has slots)
+    full = make_trainer(mirrored(TWO_CPUS), TrainConfig(
+        checkpoint_dir=str(tmp_path / "full"), **config), adam)
+    full.fit(dataset_fn_for(full, x, y), steps_per_epoch=4, epochs=2)
+
+    class StopAfter(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:  # after step 6 of the second attempt's epoch 1
+                self.model.stop_training = True
+
+    first = make_trainer(mirrored(TWO_CPUS), TrainConfig(
+        checkpoint_dir=str(tmp_path / "split"), **config), adam)
+    first.fit(dataset_fn_for(first, x, y), steps_per_epoch=4, epochs=1)
+    assert int(first.step.numpy()) == 4
+    second = make_trainer(mirrored(TWO_CPUS), TrainConfig(
+        checkpoint_dir=str(tmp_path / "split"), **config), adam)
+    second.fit(dataset_fn_for(second, x, y), steps_per_epoch=4, epochs=2)
+    assert int(second.step.numpy()) == 8
+    for a, b in zip(weights(full.model), weights(second.model)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert second.checkpoint_path.endswith("ckpt-8")
+
+
+def test_evaluate_counts_every_example_once():
+    x, y = data(n=50)
+    trainer = make_trainer(mirrored(TWO_CPUS),
+                           TrainConfig(global_batch_size=16, verbose=0))
+    logs = trainer.evaluate(dataset_fn_for(trainer, x, y, repeat=False))
+    prediction = trainer.model.predict(x, verbose=0)
+    expected = np.mean((prediction - y) ** 2)
+    assert logs["loss"] == pytest.approx(expected, rel=1e-5)
+    assert logs["mae"] == pytest.approx(np.mean(np.abs(prediction - y)),
+                                        rel=1e-5)
+
+
+def test_float16_skips_non_finite_steps_and_lowers_the_scale():
+    precision.set_precision("mixed_float16")
+    try:
+        x, y = data()
+        trainer = make_trainer(mirrored(TWO_CPUS),
+                               TrainConfig(global_batch_size=16, verbose=0,
+                                           precision="mixed_float16"))
+        trainer.loss_scale.scale.assign(2.0 ** 40)  # overflows float16
+        history = trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=40)
+    finally:
+        precision.set_precision("float32")
+    skipped = int(trainer.step.numpy()) - int(trainer.optimizer.iterations.numpy())
+    assert skipped > 0
+    assert float(trainer.loss_scale.scale.numpy()) < 2.0 ** 40
+    assert np.isfinite(history.history["loss"][-1])
+    assert all(np.all(np.isfinite(w)) for w in weights(trainer.model))
+
+
+def test_keras_file_callbacks_work(tmp_path):
+    x, y = data()
+    trainer = make_trainer(mirrored(TWO_CPUS),
+                           TrainConfig(global_batch_size=16, verbose=0))
+    callbacks = [
+        keras.callbacks.ModelCheckpoint(str(tmp_path / "m.weights.h5"),
+                                        save_weights_only=True),
+        keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
+        keras.callbacks.TensorBoard(str(tmp_path / "tb")),
+        keras.callbacks.BackupAndRestore(str(tmp_path / "backup"),
+                                         delete_checkpoint=False),
+        keras.callbacks.TerminateOnNaN(),
+        keras.callbacks.EarlyStopping(monitor="loss", patience=100),
+    ]
+    trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=3, epochs=2,
+                callbacks=callbacks)
+    assert (tmp_path / "m.weights.h5").exists()
+    with open(tmp_path / "log.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["epoch"] for r in rows] == ["0", "1"]
+    assert os.listdir(tmp_path / "tb" / "train")
+    assert (tmp_path / "backup" / "training_metadata.json").exists()
+
+
+def test_early_stopping_stops_training():
+    x, y = data()
+    trainer = make_trainer(mirrored(TWO_CPUS),
+                           TrainConfig(global_batch_size=16, verbose=0))
+    stopper = keras.callbacks.EarlyStopping(monitor="loss", patience=0,
+                                            min_delta=1e9)
+    history = trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=2,
+                          epochs=10, callbacks=[stopper])
+    assert len(history.history["loss"]) == 2
+
+
+def test_terminate_on_nan_stops_at_the_bad_step():
+    x, y = data()
+    y = y.copy()
+    y[40:48] = np.nan  # the third batch of 16
+    trainer = make_trainer(mirrored(TWO_CPUS),
+                           TrainConfig(global_batch_size=16, verbose=0))
+    trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=10,
+                callbacks=[keras.callbacks.TerminateOnNaN()])
+    assert int(trainer.step.numpy()) == 3
+
+
+def test_batch_must_divide_into_replicas_and_micro_batches():
+    with pytest.raises(ValueError, match="not divisible by replicas"):
+        make_trainer(mirrored(TWO_CPUS),
+                     TrainConfig(global_batch_size=30,
+                                 num_accumulation_steps=4))
