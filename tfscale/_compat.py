@@ -107,10 +107,12 @@ def enable_multi_worker_fit():
         if (tf_trainer._collective_all_reduce_multi_worker(strategy)
                 and reduction in ("auto", "mean")):
             def _reduce(v):
-                if isinstance(v, tf.distribute.DistributedValues):
-                    rank0 = strategy.experimental_local_results(v)[0].shape.rank
-                    if rank0 == 0:
-                        return strategy.reduce("MEAN", v, axis=None)
+                # With one device per worker, strategy.run returns plain
+                # tensors rather than PerReplica values: check the local one.
+                local = strategy.experimental_local_results(v)[0]
+                if getattr(local, "shape", None) is not None and \
+                        local.shape.rank == 0:
+                    return strategy.reduce("MEAN", v, axis=None)
                 return original_reduce(v, strategy, reduction)
             return tf.nest.map_structure(_reduce, values)
         return original_reduce(values, strategy, reduction)

@@ -10,6 +10,7 @@ weights_<worker>.npz and events_<worker>.json (callback hooks and logs).
 import argparse
 import json
 import os
+import signal
 import sys
 
 import numpy as np
@@ -79,15 +80,22 @@ def main(argv):
     p.add_argument("--model_checkpoint", default=None)
     p.add_argument("--csv", default=None)
     p.add_argument("--stop_at", type=int, default=0)
+    p.add_argument("--connect_timeout", type=float, default=60)
+    p.add_argument("--keras_fit", action="store_true",
+                   help="train with model.fit + _compat.enable_multi_worker_fit")
     p.add_argument("--crash_at", type=int, default=0,
                    help="exit(17) after this global step, once (marker file)")
     args = p.parse_args(argv)
 
     tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(1)
-    info = cluster_lib.resolve_cluster()
-    config = cluster_lib.ClusterConfig(collective_timeout_seconds=60,
-                                       connect_timeout_seconds=60)
+    try:
+        info = cluster_lib.resolve_cluster()
+    except cluster_lib.ClusterError as e:
+        sys.exit(f"tfscale: error: {e}")
+    config = cluster_lib.ClusterConfig(
+        collective_timeout_seconds=60,
+        connect_timeout_seconds=args.connect_timeout)
     strategy = cluster_lib.make_strategy(info, config)
     with strategy.scope():
         model = keras.Sequential([
@@ -100,6 +108,9 @@ def main(argv):
         else:
             optimizer = Lamb(0.01, weight_decay_rate=0.01)
         metrics = [keras.metrics.MeanAbsoluteError(name="mae")]
+    x, y = make_data()
+    if args.keras_fit:
+        return keras_fit(args, info, strategy, model, optimizer, x, y)
     train_config = trainer_lib.TrainConfig(
         global_batch_size=args.global_batch,
         num_accumulation_steps=args.accum, jit_compile=args.xla,
@@ -111,7 +122,6 @@ def main(argv):
         config=train_config, metrics=metrics,
         communication_options=cluster_lib.communication_options(config))
 
-    x, y = make_data()
     micro = args.global_batch // args.accum
 
     def dataset_fn(context):
@@ -140,7 +150,7 @@ def main(argv):
                 if step == args.crash_at and not os.path.exists(marker) \
                         and info.worker_index == 1:
                     open(marker, "w").close()
-                    os._exit(17)
+                    os.kill(os.getpid(), signal.SIGKILL)
         callbacks.append(Crash())
     trainer.fit(dataset_fn, steps_per_epoch=args.steps, epochs=args.epochs,
                 callbacks=callbacks)
@@ -150,6 +160,31 @@ def main(argv):
     with open(os.path.join(args.out, f"events_{index}.json"), "w") as f:
         json.dump({"events": log.events, "step": int(trainer.step.numpy()),
                    "is_chief": trainer.is_chief}, f)
+
+
+def keras_fit(args, info, strategy, model, optimizer, x, y):
+    """Plain model.fit under the strategy, with tfscale's opt-in fix."""
+    from tfscale import _compat
+    _compat.enable_multi_worker_fit()
+    with strategy.scope():
+        model.compile(optimizer=optimizer, loss="mse")
+    per_worker = args.global_batch // info.num_workers
+    start = info.worker_index * per_worker
+
+    def dataset_fn(context):
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(
+            args.global_batch, drop_remainder=True).repeat()
+        return ds.map(lambda a, b: (a[start:start + per_worker],
+                                    b[start:start + per_worker]))
+
+    dataset = strategy.distribute_datasets_from_function(dataset_fn)
+    history = model.fit(dataset, steps_per_epoch=args.steps, epochs=1,
+                        verbose=0)
+    np.savez(os.path.join(args.out, f"weights_{info.worker_index}.npz"),
+             *[v.numpy() for v in model.trainable_variables])
+    with open(os.path.join(args.out, f"events_{info.worker_index}.json"),
+              "w") as f:
+        json.dump({"loss": history.history["loss"]}, f)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,60 @@
+# tfscale: two commands.
+#   make demo   build a small real corpus into BERT records, pretrain BERT-tiny
+#               with 2 local workers, print the summary
+#   make test   run the test suite
+# Each creates ./.venv (unless a virtualenv is active) and installs what it needs.
+
+PYTHON ?= python3
+VENV ?= .venv
+ifdef VIRTUAL_ENV
+PY := python
+else
+PY := $(VENV)/bin/python
+endif
+DEMO_DIR ?= runs/demo
+WORKERS ?= 2
+
+.PHONY: demo test install install-test clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+
+ifdef VIRTUAL_ENV
+install:
+else
+install: $(VENV)/bin/python
+endif
+	$(PY) -m pip install -q -e ".[text]"
+
+ifdef VIRTUAL_ENV
+install-test:
+else
+install-test: $(VENV)/bin/python
+endif
+	$(PY) -m pip install -q -e ".[test]"
+
+demo: install
+	$(PY) -m input_pipelines.make_demo_corpus --output_dir=$(DEMO_DIR)/corpus
+	$(PY) -m input_pipelines.create_pretraining_data \
+	    --input_file=$(DEMO_DIR)/corpus/corpus.txt \
+	    --vocab_file=$(DEMO_DIR)/corpus/vocab.txt \
+	    --output_file=$(DEMO_DIR)/records/train.tfrecord \
+	    --num_output_shards=4 --max_seq_length=64 --max_predictions_per_seq=10 \
+	    --dupe_factor=2 --random_seed=12345
+	rm -rf $(DEMO_DIR)/model
+	$(PY) -m launch.local --num_workers $(WORKERS) -- \
+	    $(PY) run_pretraining.py \
+	    --input_file='$(DEMO_DIR)/records/train-*.tfrecord' \
+	    --output_dir=$(DEMO_DIR)/model --model=bert_tiny \
+	    --vocab_size_from_file=$(DEMO_DIR)/corpus/vocab.txt \
+	    --max_seq_length=64 --max_predictions_per_seq=10 \
+	    --train_batch_size=64 --learning_rate=2e-3 --optimizer=lamb \
+	    --num_train_steps=300 --num_warmup_steps=30 \
+	    --save_checkpoints_steps=100 --log_steps=25
+
+test: install-test
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,170 @@
+"""Real multi-process runs: workers on 127.0.0.1 started through launch.local.
+
+Each worker writes what it observed (weights .npz, callback events .json) to a
+temp dir; the tests assert on those files. Invariants: 2 workers with global
+batch B end with the same weights as 1 worker with batch B; workers agree
+bit for bit; a run killed mid-way and resumed ends where an uninterrupted one
+ends; files are written by the chief only.
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_command, run_workers
+
+pytestmark = pytest.mark.slow
+WORKER = ["tests.workers.train_worker"]
+
+
+def load_weights(out, index=0):
+    data = np.load(os.path.join(out, f"weights_{index}.npz"))
+    return [data[k] for k in sorted(data.files, key=lambda k: int(k[4:]))]
+
+
+def load_events(out, index):
+    with open(os.path.join(out, f"events_{index}.json")) as f:
+        return json.load(f)
+
+
+def assert_same_weights(a, b, rtol=1e-5, atol=1e-6):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+
+
+def train(tmp_path_factory, name, num_workers, *args, launcher_args=()):
+    out = tmp_path_factory.mktemp(name)
+    _, output = run_workers(num_workers, WORKER + ["--out", str(out), *args],
+                            launcher_args=launcher_args)
+    return out, output
+
+
+@pytest.fixture(scope="module")
+def sgd_one(tmp_path_factory):
+    return train(tmp_path_factory, "sgd1", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def sgd_two(tmp_path_factory):
+    files = tmp_path_factory.mktemp("files")
+    out, _ = train(tmp_path_factory, "sgd2", 2,
+                   "--model_checkpoint", str(files / "model.weights.h5"),
+                   "--csv", str(files / "log.csv"))
+    return out, files
+
+
+def test_two_workers_match_one_worker_sgd(sgd_one, sgd_two):
+    assert_same_weights(load_weights(sgd_one), load_weights(sgd_two[0]))
+
+
+def test_workers_hold_identical_weights(sgd_two):
+    for a, b in zip(load_weights(sgd_two[0], 0), load_weights(sgd_two[0], 1)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_callbacks_see_hooks_and_logs_on_every_worker(sgd_two):
+    for index in (0, 1):
+        events = load_events(sgd_two[0], index)["events"]
+        kinds = [e[0] for e in events]
+        assert kinds[0] == "train_begin" and kinds[-1] == "train_end"
+        batches = [e for e in events if e[0] == "batch_end"]
+        assert [e[1] for e in batches] == list(range(6))
+        assert {"loss", "mae", "learning_rate"} <= set(batches[0][2])
+        assert [e[1] for e in events if e[0] == "epoch_end"] == [0]
+    # Reduced logs: both workers report the same loss.
+    loss = [[e[2]["loss"] for e in load_events(sgd_two[0], i)["events"]
+             if e[0] == "batch_end"] for i in (0, 1)]
+    assert loss[0] == loss[1]
+
+
+def test_files_are_written_once_by_the_chief(sgd_two):
+    out, files = sgd_two
+    assert sorted(os.listdir(files)) == ["log.csv", "model.weights.h5"]
+    with open(files / "log.csv") as f:
+        lines = f.read().strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("epoch")
+    assert load_events(out, 0)["is_chief"] and not load_events(out, 1)["is_chief"]
+
+
+def test_two_workers_match_one_worker_lamb(tmp_path_factory):
+    one, _ = train(tmp_path_factory, "lamb1", 1, "--optimizer", "lamb")
+    two, _ = train(tmp_path_factory, "lamb2", 2, "--optimizer", "lamb")
+    assert_same_weights(load_weights(one), load_weights(two))
+
+
+def test_accumulation_two_workers_matches_one_big_batch(sgd_one, tmp_path_factory):
+    two, _ = train(tmp_path_factory, "accum2", 2, "--accum", "2")
+    assert_same_weights(load_weights(sgd_one), load_weights(two))
+
+
+def test_xla_two_workers_matches_no_xla(sgd_one, tmp_path_factory):
+    two, _ = train(tmp_path_factory, "xla2", 2, "--xla")
+    assert_same_weights(load_weights(sgd_one), load_weights(two), rtol=1e-4,
+                        atol=1e-5)
+
+
+def test_killed_worker_is_restarted_and_run_ends_as_uninterrupted(
+        sgd_one, tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    out, output = train(tmp_path_factory, "crash", 2, "--checkpoint_dir",
+                        str(ckpt), "--save_steps", "2", "--crash_at", "3",
+                        launcher_args=("--max_restarts", "1"))
+    assert "worker 1 failed (killed by SIGKILL)" in output
+    assert "restart 1/1" in output
+    assert os.path.exists(os.path.join(out, "crashed"))
+    assert load_events(out, 0)["step"] == 6
+    assert_same_weights(load_weights(sgd_one), load_weights(out))
+
+
+def test_one_worker_stopping_stops_all(tmp_path_factory):
+    out, _ = train(tmp_path_factory, "stop", 2, "--stop_at", "2")
+    assert load_events(out, 0)["step"] == 2
+    assert load_events(out, 1)["step"] == 2
+
+
+def test_keras_fit_under_multiworker_with_compat_matches_one_worker(
+        tmp_path_factory):
+    one, _ = train(tmp_path_factory, "fit1", 1, "--keras_fit")
+    two, _ = train(tmp_path_factory, "fit2", 2, "--keras_fit")
+    assert_same_weights(load_weights(one), load_weights(two))
+
+
+def test_bad_tf_config_exits_with_one_line_error(tmp_path):
+    env = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:1"]},
+                                    "task": {"type": "worker", "index": 3}})}
+    code, output = run_command(
+        [sys.executable, "-m", *WORKER, "--out", str(tmp_path)], env=env,
+        timeout=120)
+    assert code != 0
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("tfscale: error: TF_CONFIG task index 3 is out of")
+
+
+def free_ports(n):
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def test_unreachable_peer_fails_within_the_connect_timeout(tmp_path):
+    ports = free_ports(2)
+    env = {"TF_CONFIG": json.dumps({
+        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+        "task": {"type": "worker", "index": 0}})}
+    start = time.monotonic()
+    code, output = run_command(
+        [sys.executable, "-m", *WORKER, "--out", str(tmp_path),
+         "--connect_timeout", "5"], env=env, timeout=120)
+    assert code == 3
+    assert time.monotonic() - start < 60
+    assert f"unreachable peer(s): 127.0.0.1:{ports[1]}" in output
