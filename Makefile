@@ -41,13 +41,13 @@ demo: install
 	    --vocab_file=$(DEMO_DIR)/corpus/vocab.txt \
 	    --output_file=$(DEMO_DIR)/records/train.tfrecord \
 	    --num_output_shards=4 --max_seq_length=64 --max_predictions_per_seq=10 \
-	    --dupe_factor=2 --random_seed=12345
+	    --dupe_factor=5 --random_seed=12345
 	rm -rf $(DEMO_DIR)/model
 	$(PY) -m launch.local --num_workers $(WORKERS) -- \
 	    $(PY) run_pretraining.py \
 	    --input_file='$(DEMO_DIR)/records/train-*.tfrecord' \
-	    --output_dir=$(DEMO_DIR)/model --model=bert_tiny \
-	    --vocab_size_from_file=$(DEMO_DIR)/corpus/vocab.txt \
+	    --output_dir=$(DEMO_DIR)/model \
+	    --bert_config_file=$(DEMO_DIR)/corpus/bert_config.json \
 	    --max_seq_length=64 --max_predictions_per_seq=10 \
 	    --train_batch_size=64 --learning_rate=2e-3 --optimizer=lamb \
 	    --num_train_steps=300 --num_warmup_steps=30 \

@@ -163,6 +163,7 @@ class Trainer:
                                    metrics=self.metrics, strategy=strategy)
         self._agree = tf.function(self._agree_fn)
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
+        self._interval_loss, self._interval_steps = 0.0, 0
         self.checkpoint_path = None
         self._keeper = None
         if config.checkpoint_dir:
@@ -283,12 +284,14 @@ class Trainer:
             loss = self._train_one_step(iterator)
             loss_total += loss
             seen += 1
+            self._interval_loss += loss
+            self._interval_steps += 1
             # As in Keras's fit: "loss" is the running mean over the epoch.
             logs = {"loss": loss_total / seen, **self._metric_logs(),
                     "learning_rate": self._learning_rate()}
             step = int(self.step.numpy())
             if step % self.config.log_steps == 0:
-                logs.update(self._report(step, loss))
+                logs.update(self._report(step))
             callback_list.on_train_batch_end(batch, logs)
             if (self.config.save_checkpoints_steps
                     and step % self.config.save_checkpoints_steps == 0):
@@ -367,10 +370,14 @@ class Trainer:
     def _learning_rate(self) -> float:
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
 
-    def _report(self, step: int, loss: float) -> dict:
+    def _report(self, step: int) -> dict:
+        """Throughput, time split and mean loss of the last log interval."""
         summary = self.timer.summary()
+        summary["interval_loss"] = self._interval_loss / max(
+            self._interval_steps, 1)
         self.timer.reset()
-        line = (f"step {step}: loss {loss:.4f}, "
+        self._interval_loss, self._interval_steps = 0.0, 0
+        line = (f"step {step}: loss {summary['interval_loss']:.4f}, "
                 f"{summary['examples_per_second']:.1f} examples/s, "
                 f"step {1000 * summary['step_time']:.1f} ms "
                 f"(input {1000 * summary['input_wait']:.1f}, "

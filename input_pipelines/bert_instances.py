@@ -1,0 +1,215 @@
+"""Pretraining instances from tokenized documents (Google BERT's algorithm).
+
+Sentence-pair sampling with 50% random next sentences and `short_seq_prob`
+shorter targets; 15% masking (80% [MASK], 10% random token, 10% unchanged);
+`dupe_factor` passes with different masks. WordPiece tokenization and
+vocabulary learning are tensorflow-text's. The entry point with flags is
+`create_pretraining_data`.
+"""
+
+import concurrent.futures
+import dataclasses
+import os
+import random
+from typing import List, Sequence
+
+RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceConfig:
+    max_seq_length: int = 128
+    max_predictions_per_seq: int = 20
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    dupe_factor: int = 10
+
+
+@dataclasses.dataclass
+class Instance:
+    tokens: List[int]
+    segment_ids: List[int]
+    masked_lm_positions: List[int]
+    masked_lm_ids: List[int]
+    is_random_next: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+    cls: int
+    sep: int
+    mask: int
+    vocab_size: int
+
+
+def read_documents(lines: Sequence[str]) -> List[List[str]]:
+    """Lines -> documents (lists of sentences); blank lines separate them."""
+    documents, current = [], []
+    for line in lines:
+        line = line.strip()
+        if line:
+            current.append(line)
+        elif current:
+            documents.append(current)
+            current = []
+    if current:
+        documents.append(current)
+    return documents
+
+
+def truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
+    """Trims the longer sequence, from a random end, until the pair fits."""
+    while len(tokens_a) + len(tokens_b) > max_num_tokens:
+        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+        if rng.random() < 0.5:
+            del longer[0]
+        else:
+            longer.pop()
+
+
+def mask_tokens(tokens: List[int], config: InstanceConfig, ids: SpecialIds,
+                rng: random.Random):
+    """Google's masking: (masked tokens, positions, original ids)."""
+    candidates = [i for i, t in enumerate(tokens) if t not in (ids.cls, ids.sep)]
+    rng.shuffle(candidates)
+    num = min(config.max_predictions_per_seq,
+              max(1, int(round(len(tokens) * config.masked_lm_prob))))
+    output = list(tokens)
+    chosen = sorted(candidates[:num])
+    for index in chosen:
+        if rng.random() < 0.8:
+            output[index] = ids.mask
+        elif rng.random() < 0.5:
+            pass  # keep the original token
+        else:
+            output[index] = rng.randint(0, ids.vocab_size - 1)
+    return output, chosen, [tokens[i] for i in chosen]
+
+
+def instances_from_document(documents, index, config: InstanceConfig,
+                            ids: SpecialIds, rng: random.Random):
+    """Sentence-pair instances of one document (Google's algorithm)."""
+    document = documents[index]
+    max_num_tokens = config.max_seq_length - 3
+    target = max_num_tokens
+    if rng.random() < config.short_seq_prob:
+        target = rng.randint(2, max_num_tokens)
+    instances, chunk, length, i = [], [], 0, 0
+    while i < len(document):
+        chunk.append(document[i])
+        length += len(document[i])
+        if i == len(document) - 1 or length >= target:
+            if chunk:
+                a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+                tokens_a = [t for s in chunk[:a_end] for t in s]
+                tokens_b = []
+                is_random_next = len(chunk) == 1 or rng.random() < 0.5
+                if is_random_next and len(documents) > 1:
+                    target_b = max(1, target - len(tokens_a))
+                    other = index
+                    for _ in range(10):
+                        other = rng.randint(0, len(documents) - 1)
+                        if other != index:
+                            break
+                    random_doc = documents[other]
+                    start = rng.randint(0, len(random_doc) - 1)
+                    for sentence in random_doc[start:]:
+                        tokens_b.extend(sentence)
+                        if len(tokens_b) >= target_b:
+                            break
+                    # Put the unused segments back for the next instance.
+                    i -= len(chunk) - a_end
+                else:
+                    is_random_next = False
+                    tokens_b = [t for s in chunk[a_end:] for t in s]
+                truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+                if tokens_a and tokens_b:
+                    tokens = [ids.cls] + tokens_a + [ids.sep] + tokens_b + [ids.sep]
+                    segments = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+                    masked, positions, labels = mask_tokens(tokens, config, ids, rng)
+                    instances.append(Instance(masked, segments, positions,
+                                              labels, is_random_next))
+            chunk, length = [], 0
+        i += 1
+    return instances
+
+
+def create_instances(documents, config: InstanceConfig, ids: SpecialIds,
+                     rng: random.Random) -> List[Instance]:
+    """All instances: `dupe_factor` passes over every document, shuffled."""
+    documents = [d for d in documents if d]
+    instances = []
+    for _ in range(config.dupe_factor):
+        for index in range(len(documents)):
+            instances.extend(instances_from_document(documents, index, config,
+                                                     ids, rng))
+    rng.shuffle(instances)
+    return instances
+
+
+def build_vocab(lines: Sequence[str], vocab_size: int, lower_case=True) -> list:
+    """Learns a WordPiece vocabulary with tensorflow-text."""
+    import tensorflow as tf
+    from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
+    dataset = tf.data.Dataset.from_tensor_slices(
+        [line for line in lines if line.strip()]).batch(1000)
+    return bert_vocab_from_dataset.bert_vocab_from_dataset(
+        dataset, vocab_size=vocab_size, reserved_tokens=list(RESERVED_TOKENS),
+        bert_tokenizer_params={"lower_case": lower_case}, learn_params={})
+
+
+def load_vocab(path: str) -> list:
+    with open(path, encoding="utf-8") as f:
+        vocab = [line.rstrip("\n") for line in f]
+    missing = [t for t in ("[CLS]", "[SEP]", "[MASK]", "[UNK]") if t not in vocab]
+    if missing:
+        raise ValueError(f"vocab file {path} lacks {missing}")
+    return vocab
+
+
+def tokenize(sentences: Sequence[str], vocab_file: str, lower_case=True):
+    """Sentences -> lists of WordPiece ids (tensorflow-text, batched)."""
+    import tensorflow as tf
+    import tensorflow_text as text
+    tokenizer = text.BertTokenizer(vocab_file, lower_case=lower_case,
+                                   token_out_type=tf.int64)
+    ids = []
+    for start in range(0, len(sentences), 4096):
+        batch = tf.constant(list(sentences[start:start + 4096]))
+        ids.extend(tokenizer.tokenize(batch).merge_dims(-2, -1).to_list())
+    return ids
+
+
+def shard_names(output_file: str, num_shards: int) -> list:
+    stem, ext = os.path.splitext(output_file)
+    return [f"{stem}-{i:05d}-of-{num_shards:05d}{ext}" for i in range(num_shards)]
+
+
+def write_shards(instances, output_file, num_shards, spec, threads=4) -> list:
+    """Round-robin instances into shards, writing shards in parallel."""
+    import tensorflow as tf
+    from input_pipelines.bert_records import serialize_instance
+    names = shard_names(output_file, num_shards)
+    os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
+
+    def write(shard):
+        with tf.io.TFRecordWriter(names[shard]) as writer:
+            for inst in instances[shard::num_shards]:
+                writer.write(serialize_instance(
+                    inst.tokens, inst.segment_ids, inst.masked_lm_positions,
+                    inst.masked_lm_ids, inst.is_random_next, spec))
+        return len(instances[shard::num_shards])
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(write, range(num_shards)))
+    return names
+
+
+def read_lines(patterns: str) -> list:
+    from input_pipelines.tfrecord import expand_files
+    lines = []
+    for name in expand_files(patterns):
+        with open(name, encoding="utf-8") as f:
+            lines.extend(f.read().splitlines())
+        lines.append("")
+    return lines

@@ -1,0 +1,78 @@
+r"""A small real English corpus, made on this machine with no download.
+
+    python -m input_pipelines.make_demo_corpus --output_dir=runs/demo/corpus
+
+The text is Python's own language reference help (`pydoc_data.topics`, about
+450k characters, shipped with every CPython). Each help topic becomes a
+document, one sentence per line, blank lines between documents: the input
+format of `create_pretraining_data`. Also writes a WordPiece vocab learned
+from it (tensorflow-text) and a Google-format `bert_config.json` for BERT-tiny
+with that vocab's size.
+"""
+
+import json
+import os
+import re
+
+from absl import app, flags
+
+from input_pipelines import bert_instances as bi
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("output_dir", "runs/demo/corpus", "Where to write.")
+flags.DEFINE_integer("vocab_size", 4000, "WordPiece vocab size to learn.")
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
+
+
+def corpus_documents() -> list:
+    """Help topics -> documents (lists of sentences)."""
+    from pydoc_data.topics import topics
+    documents = []
+    for name in sorted(topics):
+        sentences = []
+        for paragraph in re.split(r"\n\s*\n", topics[name]):
+            text = " ".join(line.strip() for line in paragraph.splitlines())
+            text = re.sub(r"\s+", " ", text).strip()
+            if len(text) < 20 or text.startswith(("*", "=", "-")):
+                continue
+            sentences.extend(s for s in _SENTENCE_END.split(text) if len(s) > 3)
+        if len(sentences) >= 2:
+            documents.append(sentences)
+    return documents
+
+
+def tiny_bert_config(vocab_size: int) -> dict:
+    """Google's bert_config.json keys for BERT-tiny (2 layers, 128 hidden)."""
+    return {"vocab_size": vocab_size, "hidden_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 2,
+            "intermediate_size": 512, "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+            "max_position_embeddings": 512, "type_vocab_size": 2,
+            "initializer_range": 0.02}
+
+
+def main(argv):
+    del argv
+    os.makedirs(FLAGS.output_dir, exist_ok=True)
+    documents = corpus_documents()
+    corpus = os.path.join(FLAGS.output_dir, "corpus.txt")
+    with open(corpus, "w", encoding="utf-8") as f:
+        f.write("\n\n".join("\n".join(d) for d in documents) + "\n")
+    vocab_path = os.path.join(FLAGS.output_dir, "vocab.txt")
+    lines = [s for d in documents for s in d]
+    if not os.path.exists(vocab_path):
+        vocab = bi.build_vocab(lines, FLAGS.vocab_size)
+        with open(vocab_path, "w", encoding="utf-8") as f:
+            f.write("\n".join(vocab) + "\n")
+    vocab_size = len(bi.load_vocab(vocab_path))
+    # Round up to a multiple of 8 (tensor cores); extra rows are unused.
+    config = tiny_bert_config(-(-vocab_size // 8) * 8)
+    with open(os.path.join(FLAGS.output_dir, "bert_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    print(f"corpus: {len(documents)} documents, {len(lines)} sentences, "
+          f"{sum(map(len, lines))} characters -> {corpus}; vocab {vocab_size}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,234 @@
+"""BERT for pretraining in Keras 3: encoder, masked-LM and next-sentence heads.
+
+Inputs are Google's record features (`input_ids`, `input_mask`,
+`segment_ids`, `masked_lm_positions`); outputs are float32 logits
+`{"mlm_logits": [B, P, V], "nsp_logits": [B, 2]}`. Mixed-precision safe:
+layers compute in the policy's dtype, while attention softmax, the output
+logits and the losses are float32. Variable paths contain `layer_norm` and
+`bias` where BERT's recipe excludes them from weight decay.
+"""
+
+import keras
+from keras import layers, ops
+
+from models.bert_config import BertConfig
+
+
+def _init(config: BertConfig):
+    return keras.initializers.TruncatedNormal(stddev=config.initializer_range)
+
+
+def _activation(name):
+    return {"gelu": keras.activations.gelu, "gelu_new": keras.activations.gelu,
+            "relu": keras.activations.relu, "tanh": keras.activations.tanh}[name]
+
+
+class SelfAttention(layers.Layer):
+    """Multi-head self-attention with a float32 softmax."""
+
+    def __init__(self, config: BertConfig, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.hidden_size // config.num_attention_heads
+        init = _init(config)
+        hidden = config.hidden_size
+        self.query = layers.Dense(hidden, kernel_initializer=init, name="query")
+        self.key = layers.Dense(hidden, kernel_initializer=init, name="key")
+        self.value = layers.Dense(hidden, kernel_initializer=init, name="value")
+        self.output_dense = layers.Dense(hidden, kernel_initializer=init,
+                                         name="output")
+        self.dropout = layers.Dropout(config.attention_probs_dropout_prob)
+
+    def _heads(self, x):
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        x = ops.reshape(x, (batch, length, self.num_heads, self.head_size))
+        return ops.transpose(x, (0, 2, 1, 3))
+
+    def call(self, x, mask_bias, training=False):
+        q = self._heads(self.query(x))
+        k = self._heads(self.key(x))
+        v = self._heads(self.value(x))
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
+        scores = ops.cast(scores, "float32") / (self.head_size ** 0.5)
+        probs = ops.softmax(scores + mask_bias, axis=-1)
+        probs = self.dropout(ops.cast(probs, v.dtype), training=training)
+        context = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
+        batch, length = ops.shape(context)[0], ops.shape(context)[1]
+        context = ops.reshape(context, (batch, length,
+                                        self.num_heads * self.head_size))
+        return self.output_dense(context)
+
+
+class TransformerLayer(layers.Layer):
+    """Post-layer-norm transformer block, as in the original BERT."""
+
+    def __init__(self, config: BertConfig, **kwargs):
+        super().__init__(**kwargs)
+        init = _init(config)
+        self.attention = SelfAttention(config, name="attention")
+        self.attention_dropout = layers.Dropout(config.hidden_dropout_prob)
+        self.attention_layer_norm = layers.LayerNormalization(
+            epsilon=1e-12, name="attention_layer_norm")
+        self.intermediate = layers.Dense(
+            config.intermediate_size, activation=_activation(config.hidden_act),
+            kernel_initializer=init, name="intermediate")
+        self.output_dense = layers.Dense(config.hidden_size,
+                                         kernel_initializer=init, name="output")
+        self.output_dropout = layers.Dropout(config.hidden_dropout_prob)
+        self.output_layer_norm = layers.LayerNormalization(
+            epsilon=1e-12, name="output_layer_norm")
+
+    def call(self, x, mask_bias, training=False):
+        attended = self.attention(x, mask_bias, training=training)
+        x = self.attention_layer_norm(
+            x + self.attention_dropout(attended, training=training))
+        hidden = self.output_dense(self.intermediate(x))
+        return self.output_layer_norm(
+            x + self.output_dropout(hidden, training=training))
+
+
+class BertPretrainer(keras.Model):
+    """BERT encoder with the masked-LM (tied embeddings) and NSP heads."""
+
+    def __init__(self, config: BertConfig, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        init = _init(config)
+        hidden = config.hidden_size
+        self.word_embeddings = layers.Embedding(
+            config.vocab_size, hidden, embeddings_initializer=init,
+            name="word_embeddings")
+        self.position_embeddings = layers.Embedding(
+            config.max_position_embeddings, hidden,
+            embeddings_initializer=init, name="position_embeddings")
+        self.type_embeddings = layers.Embedding(
+            config.type_vocab_size, hidden, embeddings_initializer=init,
+            name="type_embeddings")
+        self.embedding_layer_norm = layers.LayerNormalization(
+            epsilon=1e-12, name="embedding_layer_norm")
+        self.embedding_dropout = layers.Dropout(config.hidden_dropout_prob)
+        self.encoder_layers = [TransformerLayer(config, name=f"layer_{i}")
+                               for i in range(config.num_hidden_layers)]
+        self.pooler = layers.Dense(hidden, activation="tanh",
+                                   kernel_initializer=init, name="pooler")
+        self.mlm_transform = layers.Dense(
+            hidden, activation=_activation(config.hidden_act),
+            kernel_initializer=init, name="mlm_transform")
+        self.mlm_layer_norm = layers.LayerNormalization(
+            epsilon=1e-12, name="mlm_layer_norm")
+        self.nsp = layers.Dense(2, kernel_initializer=init, name="nsp",
+                                dtype="float32")
+
+    def build(self, input_shape=None):
+        # Output bias of the MLM head (its weights are the word embeddings).
+        self.mlm_bias = self.add_weight(
+            shape=(self.config.vocab_size,), initializer="zeros",
+            name="mlm_output_bias", dtype="float32")
+        super().build(input_shape)
+
+    def call(self, inputs, training=False):
+        input_ids = inputs["input_ids"]
+        length = ops.shape(input_ids)[1]
+        positions = ops.expand_dims(ops.arange(length), 0)
+        x = (self.word_embeddings(input_ids) +
+             self.position_embeddings(positions) +
+             self.type_embeddings(inputs["segment_ids"]))
+        x = self.embedding_dropout(self.embedding_layer_norm(x),
+                                   training=training)
+        # Padding gets a large negative bias before the float32 softmax.
+        mask = ops.cast(inputs["input_mask"], "float32")
+        mask_bias = (1.0 - mask[:, None, None, :]) * -10000.0
+        for layer in self.encoder_layers:
+            x = layer(x, mask_bias, training=training)
+        pooled = self.pooler(x[:, 0])
+        nsp_logits = ops.cast(self.nsp(pooled), "float32")
+        gathered = ops.take_along_axis(
+            x, ops.expand_dims(inputs["masked_lm_positions"], -1), axis=1)
+        transformed = self.mlm_layer_norm(self.mlm_transform(gathered))
+        embeddings = ops.cast(self.word_embeddings.embeddings,
+                              transformed.dtype)
+        mlm_logits = ops.cast(ops.matmul(transformed, ops.transpose(embeddings)),
+                              "float32") + self.mlm_bias
+        return {"mlm_logits": mlm_logits, "nsp_logits": nsp_logits}
+
+
+def make_pretrainer(config: BertConfig, max_seq_length: int,
+                    max_predictions_per_seq: int) -> BertPretrainer:
+    """Builds the model (variables created) for the given record shape.
+
+    Call under `strategy.scope()`.
+    """
+    if max_seq_length > config.max_position_embeddings:
+        raise ValueError(
+            f"max_seq_length {max_seq_length} exceeds the model's "
+            f"max_position_embeddings {config.max_position_embeddings}")
+    model = BertPretrainer(config, name="bert_pretrainer")
+    dummy = {
+        "input_ids": ops.zeros((1, max_seq_length), "int32"),
+        "input_mask": ops.ones((1, max_seq_length), "int32"),
+        "segment_ids": ops.zeros((1, max_seq_length), "int32"),
+        "masked_lm_positions": ops.zeros((1, max_predictions_per_seq), "int32"),
+    }
+    model(dummy)
+    return model
+
+
+def pretraining_loss(labels, outputs):
+    """Per-example loss: weighted masked-LM cross-entropy + NSP.
+
+    The MLM term of each example is the mean over its real predictions
+    (masked_lm_weights); the Trainer averages examples over the global batch.
+    """
+    weights = ops.cast(labels["masked_lm_weights"], "float32")
+    mlm = keras.losses.sparse_categorical_crossentropy(
+        labels["masked_lm_ids"], outputs["mlm_logits"], from_logits=True)
+    mlm = ops.sum(mlm * weights, axis=-1) / ops.maximum(
+        ops.sum(weights, axis=-1), 1.0)
+    nsp = keras.losses.sparse_categorical_crossentropy(
+        ops.reshape(labels["next_sentence_labels"], (-1,)),
+        outputs["nsp_logits"], from_logits=True)
+    return mlm + nsp
+
+
+class MaskedLMAccuracy(keras.metrics.Mean):
+    """Accuracy over real (weight 1) masked positions."""
+
+    def __init__(self, name="mlm_accuracy", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        predicted = ops.argmax(y_pred["mlm_logits"], axis=-1)
+        correct = ops.cast(ops.equal(ops.cast(predicted, "int32"),
+                                     ops.cast(y_true["masked_lm_ids"], "int32")),
+                           "float32")
+        return super().update_state(correct,
+                                    sample_weight=y_true["masked_lm_weights"])
+
+
+class NextSentenceAccuracy(keras.metrics.Mean):
+    def __init__(self, name="nsp_accuracy", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        predicted = ops.cast(ops.argmax(y_pred["nsp_logits"], axis=-1), "int32")
+        label = ops.cast(ops.reshape(y_true["next_sentence_labels"], (-1,)),
+                         "int32")
+        return super().update_state(ops.cast(ops.equal(predicted, label),
+                                             "float32"))
+
+
+class MaskedLMLoss(keras.metrics.Mean):
+    """The masked-LM part of the loss alone (to watch it fall)."""
+
+    def __init__(self, name="mlm_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        weights = ops.cast(y_true["masked_lm_weights"], "float32")
+        mlm = keras.losses.sparse_categorical_crossentropy(
+            y_true["masked_lm_ids"], y_pred["mlm_logits"], from_logits=True)
+        return super().update_state(mlm, sample_weight=weights)
+
+
+def pretraining_metrics():
+    return [MaskedLMLoss(), MaskedLMAccuracy(), NextSentenceAccuracy()]
