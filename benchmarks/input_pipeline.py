@@ -1,0 +1,167 @@
+r"""Input pipeline benchmark: is the pipeline ever the bottleneck?
+
+    python -m benchmarks.input_pipeline [--records 131072] [--files 16]
+
+On generated BERT records of realistic size (seq 128, 20 predictions), in one
+run, measures examples/s of:
+  naive     sequential read, per-example parse_single_example, batch, no prefetch
+  ours      input_pipelines.tfrecord (interleave, shuffle, batch-then-parse,
+            prefetch), training mode
+  ours+step ours through distribute_datasets_from_function feeding a trivial
+            model step under the strategy (does the pipeline keep up?)
+  ceiling   reading alone (one reader, batched) plus parsing alone
+            (pre-batched records in memory, one thread per core): their
+            per-example core costs added, spread over all cores
+and prints a table of ratios. Results go in benchmarks/README.md.
+"""
+
+import argparse
+import os
+import random
+import statistics
+import tempfile
+import time
+
+import tensorflow as tf
+
+from input_pipelines import bert_records, tfrecord
+from input_pipelines.bert_records import BertRecordSpec
+
+SPEC = BertRecordSpec(128, 20)
+
+
+def write_records(directory, num_records, num_files, seed=0):
+    rng = random.Random(seed)
+    names = [os.path.join(directory, f"bert-{i:03d}.tfrecord")
+             for i in range(num_files)]
+    writers = [tf.io.TFRecordWriter(n) for n in names]
+    for i in range(num_records):
+        length = rng.randint(64, 128)
+        ids = [rng.randint(5, 30000) for _ in range(length)]
+        segments = [0] * (length // 2) + [1] * (length - length // 2)
+        positions = sorted(rng.sample(range(1, length), 20))
+        writers[i % num_files].write(bert_records.serialize_instance(
+            ids, segments, positions, [ids[p] for p in positions],
+            rng.random() < 0.5, SPEC))
+    for w in writers:
+        w.close()
+    return names
+
+
+def examples_per_second(dataset, batch_size, warmup=20, batches=200):
+    iterator = iter(dataset)
+    for _ in range(warmup):
+        next(iterator)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return batch_size * batches / (time.perf_counter() - start)
+
+
+def naive(files, batch_size):
+    spec = bert_records.feature_spec(SPEC)
+    ds = tf.data.TFRecordDataset(files).repeat()
+    ds = ds.map(lambda r: tf.io.parse_single_example(r, spec))
+    options = tf.data.Options()
+    # The naive pipeline must stay naive: no automatic fusion or prefetch.
+    options.experimental_optimization.apply_default_optimizations = False
+    options.autotune.enabled = False
+    return ds.batch(batch_size).with_options(options)
+
+
+def ours(files, batch_size):
+    config = tfrecord.TFRecordConfig(files, training=True, seed=0)
+    return tfrecord.make_dataset(config, batch_size,
+                                 bert_records.make_parse_fn(SPEC))
+
+
+def ours_feeding_a_step(files, batch_size, steps=200, warmup=20):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    dataset_fn = bert_records.make_dataset_fn(
+        tfrecord.TFRecordConfig(files, training=True, seed=0), SPEC, batch_size)
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+    @tf.function
+    def step(batch):
+        def replica(inputs, labels):
+            # A trivial model: touches every input tensor.
+            return (tf.reduce_sum(tf.cast(inputs["input_ids"], tf.float32)) +
+                    tf.reduce_sum(labels["masked_lm_weights"]))
+        return strategy.run(replica, args=batch)
+
+    for _ in range(warmup):
+        step(next(iterator))
+    start = time.perf_counter()
+    for _ in range(steps):
+        value = step(next(iterator))
+    float(strategy.experimental_local_results(value)[0])
+    return batch_size * steps / (time.perf_counter() - start)
+
+
+def reading_alone(files, batch_size):
+    """One reader, batched, no parse: the single-core cost of reading."""
+    ds = tf.data.TFRecordDataset(files, buffer_size=8 << 20).repeat()
+    return examples_per_second(ds.batch(batch_size).prefetch(4), batch_size)
+
+
+def parsing_alone(files, batch_size, threads):
+    """Vectorized parse of pre-batched records held in memory."""
+    batches = list(tf.data.TFRecordDataset(files).batch(batch_size,
+                                                        drop_remainder=True)
+                   .take(64))
+    spec = bert_records.feature_spec(SPEC)
+    ds = tf.data.Dataset.from_tensor_slices(tf.stack(batches)).repeat()
+    ds = ds.map(lambda s: tf.io.parse_example(s, spec),
+                num_parallel_calls=threads).prefetch(4)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = threads
+    return examples_per_second(ds.with_options(options), batch_size)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=131072)
+    parser.add_argument("--files", type=int, default=16)
+    parser.add_argument("--batch_size", type=int, default=256)
+    parser.add_argument("--data_dir", default=None)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    directory = args.data_dir or tempfile.mkdtemp(prefix="tfscale-bench-")
+    files = sorted(tf.io.gfile.glob(os.path.join(directory, "bert-*.tfrecord")))
+    if len(files) != args.files:
+        files = write_records(directory, args.records, args.files)
+    # Warm the page cache so every variant reads from memory.
+    for name in files:
+        with open(name, "rb") as f:
+            while f.read(1 << 24):
+                pass
+    b = args.batch_size
+    # This machine is noisy (about +-20% run to run): every variant is
+    # measured --repeats times, interleaved, and the median is reported.
+    samples = {k: [] for k in ("naive", "ours", "ours+step", "read", "parse")}
+    for _ in range(args.repeats):
+        samples["naive"].append(examples_per_second(naive(files, b), b))
+        samples["ours"].append(examples_per_second(ours(files, b), b))
+        samples["ours+step"].append(ours_feeding_a_step(files, b))
+        samples["read"].append(reading_alone(files, b))
+        samples["parse"].append(parsing_alone(files, b, cores))
+    median = {k: statistics.median(v) for k, v in samples.items()}
+    results = {k: median[k] for k in ("naive", "ours", "ours+step")}
+    read, parse = median["read"], median["parse"]
+    core_seconds = 1.0 / read + cores / parse  # per example
+    results["ceiling"] = cores / core_seconds
+    print(f"{args.records} records, {len(files)} files, batch {b}, {cores} "
+          f"cores, median of {args.repeats}")
+    print(f"reading alone {read:,.0f}/s (1 thread), parsing alone "
+          f"{parse:,.0f}/s ({cores} threads): {1e6 * core_seconds:.2f} "
+          f"core-us per example")
+    print("| pipeline | examples/s | vs naive | vs ceiling |")
+    print("|---|---:|---:|---:|")
+    for name, rate in results.items():
+        print(f"| {name} | {rate:,.0f} | {rate / results['naive']:.2f} | "
+              f"{rate / results['ceiling']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
