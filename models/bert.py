@@ -50,7 +50,9 @@ class SelfAttention(layers.Layer):
         v = self._heads(self.value(x))
         scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
         scores = ops.cast(scores, "float32") / (self.head_size ** 0.5)
-        probs = ops.softmax(scores + mask_bias, axis=-1)
+        # Keras autocasts float inputs to the compute dtype; the softmax is
+        # float32.
+        probs = ops.softmax(scores + ops.cast(mask_bias, "float32"), axis=-1)
         probs = self.dropout(ops.cast(probs, v.dtype), training=training)
         context = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
         batch, length = ops.shape(context)[0], ops.shape(context)[1]
@@ -147,8 +149,10 @@ class BertPretrainer(keras.Model):
         transformed = self.mlm_layer_norm(self.mlm_transform(gathered))
         embeddings = ops.cast(self.word_embeddings.embeddings,
                               transformed.dtype)
-        mlm_logits = ops.cast(ops.matmul(transformed, ops.transpose(embeddings)),
-                              "float32") + self.mlm_bias
+        # Variables read inside a mixed-precision call are autocast: cast
+        # the bias back so the logits are float32.
+        mlm_logits = (ops.cast(ops.matmul(transformed, ops.transpose(embeddings)),
+                               "float32") + ops.cast(self.mlm_bias, "float32"))
         return {"mlm_logits": mlm_logits, "nsp_logits": nsp_logits}
 
 

@@ -120,7 +120,10 @@ class TrainStep:
                                   for l in self._model.losses]) / replicas
             scaled = loss * scale if scale is not None else loss
         grads = tape.gradient(scaled, self._variables)
-        grads = [tf.zeros_like(v) if g is None else g
+        # Dense gradients: embedding lookups give IndexedSlices, which can
+        # neither be summed over micro-batches nor packed into one all-reduce
+        # with the rest (an all-gather each). BERT's recipe densifies too.
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, self._variables)]
         return loss, grads, y_pred
 

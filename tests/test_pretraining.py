@@ -1,0 +1,121 @@
+"""run_pretraining.py end to end, on records made by our writer."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from input_pipelines import make_demo_corpus
+from tests.conftest import run_command, run_workers
+
+pytestmark = pytest.mark.slow
+COMMON = ["--max_seq_length=32", "--max_predictions_per_seq=5",
+          "--train_batch_size=32", "--learning_rate=5e-3",
+          "--num_warmup_steps=5", "--log_steps=5", "--optimizer=lamb"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Real text (Python's help topics) -> vocab, bert_config, records."""
+    root = tmp_path_factory.mktemp("corpus")
+    documents = make_demo_corpus.corpus_documents()[:30]
+    (root / "corpus.txt").write_text(
+        "\n\n".join("\n".join(d) for d in documents) + "\n")
+    code, output = run_command(
+        [sys.executable, "-m", "input_pipelines.create_pretraining_data",
+         f"--input_file={root}/corpus.txt", f"--vocab_file={root}/vocab.txt",
+         "--vocab_size=600", f"--output_file={root}/records/train.tfrecord",
+         "--num_output_shards=4", "--max_seq_length=32",
+         "--max_predictions_per_seq=5", "--dupe_factor=2"], timeout=300)
+    assert code == 0, output
+    vocab_size = sum(1 for _ in open(root / "vocab.txt"))
+    config = make_demo_corpus.tiny_bert_config(-(-vocab_size // 8) * 8)
+    (root / "bert_config.json").write_text(json.dumps(config))
+    return root
+
+
+def pretrain_args(corpus, output_dir, steps, *extra):
+    return [f"--input_file={corpus}/records/train-*.tfrecord",
+            f"--output_dir={output_dir}",
+            f"--bert_config_file={corpus}/bert_config.json",
+            f"--num_train_steps={steps}", "--save_checkpoints_steps=10",
+            *COMMON, *extra]
+
+
+def run_pretraining(num_workers, args, timeout=400):
+    return run_workers(num_workers, ["run_pretraining", *args], timeout=timeout)
+
+
+def test_two_workers_loss_falls_checkpoints_once_and_resume(corpus, tmp_path):
+    out = tmp_path / "run"
+    _, output = run_pretraining(2, pretrain_args(corpus, out, 40))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_workers"] == 2 and summary["steps"] == 40
+    losses = [row["interval_loss"] for row in summary["intervals"]]
+    assert len(losses) == 8
+    assert losses[-1] < losses[0] - 0.3, losses
+    checkpoints = sorted(f for f in os.listdir(out / "checkpoints")
+                         if f.endswith(".index"))
+    assert checkpoints == ["ckpt-10.index", "ckpt-20.index", "ckpt-30.index",
+                           "ckpt-40.index"]
+    assert os.listdir(out / "tensorboard" / "train")
+    assert output.count("tfscale run_pretraining done") == 1  # chief only
+
+    _, output = run_pretraining(2, pretrain_args(corpus, out, 50))
+    assert f"resumed from {out}/checkpoints/ckpt-40 at step 40" in output
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["steps"] == 50
+    assert len(resumed["intervals"]) == 2  # steps 45 and 50 only
+
+
+def test_single_worker_with_eval_and_accumulation(corpus, tmp_path):
+    out = tmp_path / "single"
+    code, output = run_command(
+        [sys.executable, "run_pretraining.py",
+         *pretrain_args(corpus, out, 10, "--num_accumulation_steps=2",
+                        f"--eval_input_file={corpus}/records/train-00000-*",
+                        "--max_eval_steps=3", "--precision=mixed_bfloat16")],
+        timeout=300)
+    assert code == 0, output[-5000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 10
+    assert summary["eval"]["loss"] > 0 and 0 <= summary["eval"]["mlm_accuracy"] <= 1
+
+
+def last_line(output):
+    return output.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ("--model=bert_huge", "--model"),
+    ("--num_accumulation_steps=3",
+     "--train_batch_size 32 is not divisible by replicas (1) x "
+     "--num_accumulation_steps (3)"),
+    ("--input_file=/nonexistent/*.tfrecord",
+     "run_pretraining: error: --input_file: no files match input pattern"),
+    ("--bert_config_file=/nonexistent.json", "--bert_config_file: cannot read"),
+])
+def test_bad_flags_exit_naming_the_flag(corpus, tmp_path, flag, expected):
+    args = pretrain_args(corpus, tmp_path / "bad", 5)
+    code, output = run_command([sys.executable, "run_pretraining.py",
+                                *args, flag], timeout=200)
+    assert code != 0
+    assert expected in output
+    if "error:" in expected:
+        assert last_line(output).startswith("run_pretraining: error:")
+
+
+def test_corrupt_record_is_named(corpus, tmp_path):
+    bad = tmp_path / "records"
+    bad.mkdir()
+    good = (corpus / "records" / "train-00000-of-00004.tfrecord").read_bytes()
+    (bad / "train-00000.tfrecord").write_bytes(good)
+    (bad / "train-00001.tfrecord").write_bytes(good[:len(good) // 2])
+    args = pretrain_args(corpus, tmp_path / "out", 50)
+    args[0] = f"--input_file={bad}/*.tfrecord"
+    code, output = run_command([sys.executable, "run_pretraining.py", *args],
+                               timeout=300)
+    assert code != 0
+    assert last_line(output).startswith(
+        f"run_pretraining: error: bad input record: {bad}/train-00001.tfrecord")
