@@ -60,6 +60,8 @@ flags.DEFINE_enum("all_reduce_alg", "auto", ["auto", "ring", "nccl"],
                   "Collective implementation.")
 flags.DEFINE_integer("bytes_per_pack", 0, "All-reduce pack size (0: one pack).")
 flags.DEFINE_float("collective_timeout", 300, "Seconds before a collective fails.")
+flags.DEFINE_float("connect_timeout", 120, "Seconds for all workers to join.")
+flags.DEFINE_integer("slurm_port_base", 8888, "Port of task 0 on each SLURM node.")
 # Output
 flags.DEFINE_string("output_dir", None, "Checkpoints, TensorBoard, summary.")
 flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint interval.")
@@ -117,7 +119,9 @@ def configs_from_flags():
             reference_batch_size=FLAGS.reference_batch_size)
         cluster = ClusterConfig(all_reduce_alg=FLAGS.all_reduce_alg,
                                 bytes_per_pack=FLAGS.bytes_per_pack,
-                                collective_timeout_seconds=FLAGS.collective_timeout)
+                                collective_timeout_seconds=FLAGS.collective_timeout,
+                                connect_timeout_seconds=FLAGS.connect_timeout,
+                                slurm_port_base=FLAGS.slurm_port_base)
     except ValueError as e:
         fail(str(e))
     for name in ("train_batch_size", "num_train_steps", "num_accumulation_steps",
@@ -149,14 +153,18 @@ def main(argv):
     except tfrecord.InputError as e:
         fail(f"--input_file: {e}")
     try:
-        info = cluster_lib.resolve_cluster()
+        info = cluster_lib.resolve_cluster(
+            slurm_port_base=cfg["cluster"].slurm_port_base)
     except cluster_lib.ClusterError as e:
         fail(str(e))
     if FLAGS.deterministic:
         tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(FLAGS.seed)
     precision.set_precision(FLAGS.precision)
-    strategy = cluster_lib.make_strategy(info, cfg["cluster"])
+    try:
+        strategy = cluster_lib.make_strategy(info, cfg["cluster"])
+    except cluster_lib.ClusterError as e:
+        fail(str(e))
     replicas = strategy.num_replicas_in_sync
     divisor = replicas * FLAGS.num_accumulation_steps
     if FLAGS.train_batch_size % divisor:

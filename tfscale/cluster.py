@@ -14,8 +14,8 @@ import dataclasses
 import json
 import os
 import socket
+import subprocess
 import sys
-import threading
 from typing import Mapping, Optional, Sequence
 
 _CHIEF = "chief"
@@ -39,7 +39,7 @@ class ClusterConfig:
             this time fails instead of hanging. None waits forever.
         connect_timeout_seconds: Start-up (all workers reachable and the
             first collective done) must finish in this time, or the worker
-            exits naming the peers it could not reach.
+            is killed after naming the peers it could not reach.
         slurm_port_base: First port on each node when the cluster comes from
             SLURM; task i on a node listens on port base + i.
     """
@@ -250,6 +250,9 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
     Returns:
         A `MultiWorkerMirroredStrategy` when there is more than one worker,
         else a `MirroredStrategy` over the local devices.
+
+    Raises:
+        ClusterError: This worker's port is already in use.
     """
     import tensorflow as tf
 
@@ -259,6 +262,7 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
             devices = [d.name for d in gpus] or ["/cpu:0"]
         return tf.distribute.MirroredStrategy(devices)
 
+    check_own_port(info)
     options = communication_options(config)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(dict(info.cluster)), task_type=info.task_type,
@@ -271,6 +275,24 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
             tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)),
             axis=None))()
     return strategy
+
+
+def check_own_port(info: ClusterInfo) -> None:
+    """Raises ClusterError if this worker's port is taken.
+
+    TensorFlow only says "Could not start gRPC server" in a traceback.
+    """
+    host, _, port = info.address.rpartition(":")
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        probe.bind(("" if host not in ("127.0.0.1", "localhost") else host,
+                    int(port)))
+    except OSError as e:
+        raise ClusterError(
+            f"worker {info.worker_index}: cannot listen on {info.address} "
+            f"({e.strerror or e})") from None
+    finally:
+        probe.close()
 
 
 def communication_options(config: ClusterConfig):
@@ -286,44 +308,29 @@ def communication_options(config: ClusterConfig):
 
 
 class StartupWatchdog:
-    """Exits the process if cluster start-up takes longer than a limit.
+    """Kills this process if cluster start-up takes longer than a limit.
 
-    TensorFlow waits forever for a peer that never comes up. Within the
-    `with` block, a timer thread fires after `timeout` seconds, names the
-    peers that do not accept TCP connections, and exits with status 3.
+    TensorFlow waits forever for a peer that never comes up, holding the GIL
+    (so no Python thread or signal handler of ours can act) and ignoring
+    SIGTERM. A small watchdog process (`_watchdog.py`) waits on a pipe; if the
+    `with` block has not ended within `timeout` seconds, it prints which peers
+    do not accept connections and SIGKILLs this process.
     """
-
-    EXIT_CODE = 3
 
     def __init__(self, info: ClusterInfo, timeout: float):
         self._info = info
         self._timeout = timeout
-        self._done = threading.Event()
+        self._process = None
 
     def __enter__(self):
-        threading.Thread(target=self._watch, daemon=True).start()
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                              "_watchdog.py")
+        self._process = subprocess.Popen(
+            [sys.executable, script, str(os.getpid()), str(self._timeout),
+             str(self._info.worker_index), *self._info.peer_addresses],
+            stdin=subprocess.PIPE)
         return self
 
     def __exit__(self, *exc):
-        self._done.set()
-
-    def _watch(self):
-        if self._done.wait(self._timeout):
-            return
-        dead = [a for a in self._info.peer_addresses if not _reachable(a)]
-        detail = (f"unreachable peer(s): {', '.join(dead)}" if dead else
-                  "all peers accept connections but did not join")
-        sys.stderr.write(
-            f"tfscale: worker {self._info.worker_index} could not start the "
-            f"cluster within {self._timeout:g}s ({detail})\n")
-        sys.stderr.flush()
-        os._exit(self.EXIT_CODE)
-
-
-def _reachable(address: str, timeout: float = 1.0) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return True
-    except OSError:
-        return False
+        self._process.stdin.close()
+        self._process.wait()

@@ -81,6 +81,7 @@ def main(argv):
     p.add_argument("--csv", default=None)
     p.add_argument("--stop_at", type=int, default=0)
     p.add_argument("--connect_timeout", type=float, default=60)
+    p.add_argument("--slurm_port_base", type=int, default=8888)
     p.add_argument("--keras_fit", action="store_true",
                    help="train with model.fit + _compat.enable_multi_worker_fit")
     p.add_argument("--crash_at", type=int, default=0,
@@ -90,13 +91,17 @@ def main(argv):
     tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(1)
     try:
-        info = cluster_lib.resolve_cluster()
+        info = cluster_lib.resolve_cluster(slurm_port_base=args.slurm_port_base)
     except cluster_lib.ClusterError as e:
         sys.exit(f"tfscale: error: {e}")
     config = cluster_lib.ClusterConfig(
         collective_timeout_seconds=60,
-        connect_timeout_seconds=args.connect_timeout)
-    strategy = cluster_lib.make_strategy(info, config)
+        connect_timeout_seconds=args.connect_timeout,
+        slurm_port_base=args.slurm_port_base)
+    try:
+        strategy = cluster_lib.make_strategy(info, config)
+    except cluster_lib.ClusterError as e:
+        sys.exit(f"tfscale: error: {e}")
     with strategy.scope():
         model = keras.Sequential([
             keras.Input((12,)),

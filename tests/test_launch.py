@@ -1,0 +1,198 @@
+"""launch.local: pure command/env building, and real process supervision."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from launch import local
+from tests.conftest import REPO, run_command
+
+
+def test_worker_specs_give_each_worker_its_tf_config():
+    specs = local.worker_specs(["python", "train.py"], 3, [11, 12, 13],
+                               {"PATH": "/bin", "TF_CONFIG": "stale"},
+                               threads_per_worker=2)
+    assert [s.index for s in specs] == [0, 1, 2]
+    for spec in specs:
+        config = json.loads(spec.env["TF_CONFIG"])
+        assert config["cluster"] == {"worker": ["127.0.0.1:11", "127.0.0.1:12",
+                                                "127.0.0.1:13"]}
+        assert config["task"] == {"type": "worker", "index": spec.index}
+        assert spec.env["TF_NUM_INTRAOP_THREADS"] == "2"
+        assert spec.env["PATH"] == "/bin"
+        assert spec.command == ["python", "train.py"]
+
+
+def test_single_worker_gets_no_tf_config():
+    (spec,) = local.worker_specs(["x"], 1, [5], {"TF_CONFIG": "stale"})
+    assert "TF_CONFIG" not in spec.env
+
+
+@pytest.mark.parametrize("args, message", [
+    ((["x"], 2, [1]), "need 2 distinct ports"),
+    ((["x"], 2, [1, 1]), "need 2 distinct ports"),
+    (([], 1, [1]), "no command"),
+    ((["x"], 0, []), "--num_workers must be >= 1"),
+])
+def test_worker_specs_reject_bad_input(args, message):
+    with pytest.raises(ValueError, match=message):
+        local.worker_specs(*args, base_env={})
+
+
+def test_free_ports_are_distinct():
+    ports = local.find_free_ports(4)
+    assert len(set(ports)) == 4
+
+
+def test_cli_requires_a_command(capsys):
+    with pytest.raises(SystemExit):
+        local.parse_args(["--num_workers", "2"])
+    assert "after '--'" in capsys.readouterr().err
+    args = local.parse_args(["--num_workers", "2", "--max_restarts", "1", "--",
+                             "python", "x.py", "--flag"])
+    assert args.command == ["python", "x.py", "--flag"]
+
+
+def test_exit_codes_follow_the_shell():
+    assert local.shell_code(-9) == 137 and local.shell_code(3) == 3
+    assert local.describe_exit(-9) == "killed by SIGKILL"
+
+
+def processes_mentioning(token):
+    """PIDs whose command line contains `token` (the process table)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if token.encode() in f.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def launch(args, timeout=120):
+    return run_command([sys.executable, "-m", "launch.local", *args],
+                       timeout=timeout)
+
+
+WORKER_SCRIPT = (
+    "import os, sys, time\n"
+    "index = int(os.environ['TFSCALE_WORKER_INDEX'])\n"
+    "print('hello from', index, flush=True)\n"
+    "marker = sys.argv[1]\n"
+    "if index == 1 and not os.path.exists(marker):\n"
+    "    open(marker, 'w').close(); sys.exit(7)\n"
+    "if index == 0 and sys.argv[2] == 'hang':\n"
+    "    time.sleep(600)\n")
+
+
+@pytest.mark.slow
+def test_failed_worker_stops_the_others_and_sets_the_exit_code(tmp_path):
+    token = str(tmp_path / "marker")
+    start = time.monotonic()
+    code, output = launch(["--num_workers", "2", "--grace_seconds", "2", "--",
+                           sys.executable, "-c", WORKER_SCRIPT, token, "hang"])
+    assert code == 7
+    assert time.monotonic() - start < 60  # not the worker's 600 s
+    assert "[worker 0] hello from 0" in output
+    assert "[launcher] worker 1 failed (exit code 7)" in output
+    assert processes_mentioning(token) == []
+
+
+@pytest.mark.slow
+def test_restart_after_a_failure_then_success(tmp_path):
+    token = str(tmp_path / "marker")
+    code, output = launch(["--num_workers", "2", "--max_restarts", "1", "--",
+                           sys.executable, "-c", WORKER_SCRIPT, token, "ok"])
+    assert code == 0, output
+    assert ("restart 1/1: starting 2 workers again (cause: worker 1 exit "
+            "code 7)") in output
+    assert output.count("[worker 1] hello from 1") == 2
+
+
+def train_worker(out, *args):
+    return [sys.executable, "-m", "tests.workers.train_worker", "--out",
+            str(out), *args]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_all_workers_and_leaves_a_restorable_checkpoint(tmp_path):
+    import tensorflow as tf
+    ckpt = tmp_path / "ckpt"
+    command = [sys.executable, "-m", "launch.local", "--num_workers", "2",
+               "--threads_per_worker", "1", "--",
+               *train_worker(tmp_path, "--steps", "100000",
+                             "--checkpoint_dir", str(ckpt), "--save_steps",
+                             "3")]
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while tf.train.latest_checkpoint(str(ckpt)) is None:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)  # polling for a file, not synchronizing on time
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output[-3000:]
+    assert "SIGINT: stopping all workers" in output
+    assert processes_mentioning(str(tmp_path)) == []
+    latest = tf.train.latest_checkpoint(str(ckpt))
+    reader = tf.train.load_checkpoint(latest)
+    step = reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE")
+    assert step >= 3 and step % 3 == 0
+
+
+@pytest.mark.slow
+def test_slurm_environment_runs_two_workers(tmp_path):
+    """Two tasks as srun would start them: SLURM variables, no TF_CONFIG."""
+    base = local.find_free_ports(1)[0]
+    env = dict(os.environ, PYTHONPATH=REPO, SLURM_NTASKS="2",
+               SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="localhost",
+               SLURM_STEP_TASKS_PER_NODE="2", TF_NUM_INTRAOP_THREADS="1")
+    env.pop("TF_CONFIG", None)
+    procs = [subprocess.Popen(
+        train_worker(tmp_path, "--slurm_port_base", str(base)), cwd=REPO,
+        env=dict(env, SLURM_PROCID=str(i)), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    one = tmp_path / "one"
+    one.mkdir()
+    code, output = run_command(train_worker(one), timeout=180,
+                               env={"TF_NUM_INTRAOP_THREADS": "1"})
+    assert code == 0, output
+    a, b = np.load(tmp_path / "weights_0.npz"), np.load(one / "weights_0.npz")
+    for key in a.files:
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-5, atol=1e-6)
+    events = json.loads((tmp_path / "events_1.json").read_text())
+    assert events["is_chief"] is False
+
+
+@pytest.mark.slow
+def test_port_in_use_is_named_and_nothing_is_left_running(tmp_path):
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        start = time.monotonic()
+        code, output = launch(["--num_workers", "2", "--port", str(port),
+                               "--grace_seconds", "3", "--",
+                               *train_worker(tmp_path, "--connect_timeout",
+                                             "20")], timeout=180)
+    finally:
+        taken.close()
+    assert code == 1
+    assert time.monotonic() - start < 90
+    assert (f"[worker 0] tfscale: error: worker 0: cannot listen on "
+            f"127.0.0.1:{port}") in output
+    assert processes_mentioning(str(tmp_path)) == []
