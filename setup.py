@@ -18,6 +18,8 @@ setup(
         "absl-py>=2.1",
         "tensorboard==2.21.0",
         "tensorflow-datasets==4.9.10",
+        # Needed by tensorflow-datasets' download_and_prepare, not declared.
+        "importlib_resources>=6",
         "numpy>=1.26",
     ],
     extras_require={

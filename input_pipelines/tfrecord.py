@@ -185,19 +185,22 @@ def make_dataset(config: TFRecordConfig, batch_size: int, parse_fn: Callable,
     if config.skip_corrupt:
         ds = ds.ignore_errors(log_warning=True)
     ds = ds.prefetch(AUTOTUNE)
-    return ds.with_options(_options(config, deterministic))
+    return ds.with_options(dataset_options(
+        deterministic, config.threadpool_size, config.autotune_ram_budget))
 
 
-def _options(config: TFRecordConfig, deterministic: bool) -> tf.data.Options:
+def dataset_options(deterministic: bool, threadpool_size: Optional[int] = None,
+                    autotune_ram_budget: Optional[int] = None) -> tf.data.Options:
+    """tf.data options of every tfscale pipeline."""
     options = tf.data.Options()
     options.deterministic = deterministic
     # We shard ourselves; tf.distribute must not (and must not warn).
     options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.OFF)
-    if config.threadpool_size:
-        options.threading.private_threadpool_size = config.threadpool_size
-    if config.autotune_ram_budget:
-        options.autotune.ram_budget = config.autotune_ram_budget
+    if threadpool_size:
+        options.threading.private_threadpool_size = threadpool_size
+    if autotune_ram_budget:
+        options.autotune.ram_budget = autotune_ram_budget
     return options
 
 

@@ -284,6 +284,8 @@ def check_own_port(info: ClusterInfo) -> None:
     """
     host, _, port = info.address.rpartition(":")
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # Ports in TIME_WAIT (a restarted worker) are fine; a listener is not.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind(("" if host not in ("127.0.0.1", "localhost") else host,
                     int(port)))
