@@ -1,6 +1,6 @@
 """The distributed training step, as three compiled functions.
 
-One optimizer step is:
+One optimizer step is three parts:
 
     compute  per replica: forward and backward over k micro-batches, gradients
              summed locally (XLA-compiled when asked). No communication.
@@ -8,13 +8,16 @@ One optimizer step is:
              loss-scale removal, a finite check and global-norm clipping.
     apply    the optimizer update with the reduced gradients.
 
-Why three functions and not one:
-  * XLA cannot compile collectives on CPU (DESIGN.md fact 2), so the
-    all-reduce must sit outside the jit-compiled forward/backward.
-  * Timing each part separately gives the input/compute/sync split.
-  * fp16 skips a step whose reduced gradients are not finite. Keras's
-    `optimizer.apply` cannot run inside a `cond` under a strategy (fact 7);
-    with separate functions the host decides and simply does not call apply.
+XLA cannot compile collectives on CPU (DESIGN.md fact 2), so only the
+per-replica forward/backward is jit-compiled; the all-reduce sits outside it.
+
+`fused` runs the three parts in one compiled function (one dispatch, the
+normal step). `compute`, `sync` and `apply` are the same parts as separate
+functions, for two uses: timing each part (the Trainer samples a few steps
+per log interval this way, since every dispatch and host wait costs time),
+and fp16, which skips a step whose reduced gradients are not finite: Keras's
+`optimizer.apply` cannot run inside a `cond` under a strategy (fact 7), so the
+host decides and simply does not call `apply`.
 
 Loss scaling across replicas: each replica's loss is the sum of its
 per-example losses divided by the *global* batch (per-replica x replicas x
@@ -97,6 +100,7 @@ class TrainStep:
         self._variables = model.trainable_variables
         self._forward_backward = tf.function(
             self._forward_backward_fn, jit_compile=config.jit_compile)
+        self.fused = tf.function(self._fused)
         self.compute = tf.function(self._compute)
         self.sync = tf.function(self._sync)
         self.apply = tf.function(self._apply)
@@ -164,7 +168,29 @@ class TrainStep:
     def _replica_apply(self, grads):
         self._optimizer.apply(grads, self._variables)
 
+    def _replica_fused(self, micro_batches):
+        loss, grads = self._replica_compute(micro_batches)
+        loss, grads, _, _ = self._replica_sync(loss, grads)
+        self._replica_apply(grads)
+        return loss
+
     # ---- cross replica (the compiled entry points) --------------------------
+
+    def _fused(self, micro_batches):
+        """One whole step; returns (reduced loss, metric results)."""
+        loss = self._strategy.run(self._replica_fused, args=(micro_batches,))
+        return loss, self.metric_results()
+
+    def metric_results(self):
+        """{name: value} of every metric (read in the same dispatch)."""
+        results = {}
+        for metric in self._metrics:
+            value = metric.result()
+            if isinstance(value, dict):
+                results.update(value)
+            else:
+                results[metric.name] = value
+        return results
 
     def _compute(self, micro_batches):
         return self._strategy.run(self._replica_compute, args=(micro_batches,))

@@ -1,7 +1,10 @@
 """Wall-clock split of training steps: input wait, compute, sync, update.
 
-The Trainer marks the end of each phase after it has waited for the phase's
-result, so on any device the parts add up to the step time.
+Measuring the split costs time (each part is its own dispatch followed by a
+host wait), so the Trainer times only a few steps per log interval ("timed
+steps") and runs the rest as one fused dispatch. The phases are means over
+timed steps and add up to `timed_step_time`; `step_time` and examples/s cover
+every step of the interval.
 """
 
 import time
@@ -10,10 +13,11 @@ PHASES = ("input_wait", "compute", "sync", "update")
 
 
 class StepTimer:
-    """Accumulates per-phase time over a log interval.
+    """Accumulates step times over a log interval.
 
     Args:
         examples_per_step: Global examples per optimizer step.
+        clock: A monotonic clock in seconds.
     """
 
     def __init__(self, examples_per_step: int, clock=time.perf_counter):
@@ -23,26 +27,37 @@ class StepTimer:
 
     def reset(self):
         self._totals = dict.fromkeys(PHASES, 0.0)
-        self._steps = 0
-        self._elapsed = 0.0
+        self._steps = self._timed_steps = 0
+        self._elapsed = self._timed_elapsed = 0.0
 
     def start(self):
+        self._current = dict.fromkeys(PHASES, 0.0)
         self._step_start = self._last = self._clock()
 
     def mark(self, phase: str):
+        """Ends `phase` of the current step."""
         now = self._clock()
-        self._totals[phase] += now - self._last
+        self._current[phase] += now - self._last
         self._last = now
 
-    def stop(self):
-        self._elapsed += self._clock() - self._step_start
+    def stop(self, timed: bool):
+        """Ends the step; its phases count only if it was `timed`."""
+        elapsed = self._clock() - self._step_start
+        self._elapsed += elapsed
         self._steps += 1
+        if timed:
+            self._timed_elapsed += elapsed
+            self._timed_steps += 1
+            for phase, seconds in self._current.items():
+                self._totals[phase] += seconds
 
     def summary(self) -> dict:
-        """Mean seconds per step for each phase, step_time, examples/s."""
-        steps = max(self._steps, 1)
-        result = {phase: total / steps for phase, total in self._totals.items()}
-        result["step_time"] = self._elapsed / steps
+        """Seconds per step: phases and timed_step_time over timed steps,
+        step_time over all steps; examples_per_second over all steps."""
+        timed = max(self._timed_steps, 1)
+        result = {phase: total / timed for phase, total in self._totals.items()}
+        result["timed_step_time"] = self._timed_elapsed / timed
+        result["step_time"] = self._elapsed / max(self._steps, 1)
         result["examples_per_second"] = (
             self._examples_per_step * self._steps / self._elapsed
             if self._elapsed > 0 else 0.0)

@@ -46,6 +46,8 @@ class TrainConfig:
             end of `fit`).
         max_checkpoints_to_keep: How many checkpoints to keep.
         log_steps: Report throughput and the time split every this many steps.
+        timed_steps_per_log: Steps per log interval run part by part to
+            measure the time split (the others run as one fused dispatch).
         verbose: 0 silent, 1 progress bar, 2 one line per log interval (the
             chief only in every case).
     """
@@ -59,6 +61,7 @@ class TrainConfig:
     save_checkpoints_steps: int = 0
     max_checkpoints_to_keep: int = 5
     log_steps: int = 100
+    timed_steps_per_log: int = 4
     verbose: int = 2
 
     def __post_init__(self):
@@ -74,6 +77,8 @@ class TrainConfig:
         if self.save_checkpoints_steps < 0 or self.log_steps < 1:
             raise ValueError("save_checkpoints_steps must be >= 0 and "
                              "log_steps >= 1")
+        if self.timed_steps_per_log < 0:
+            raise ValueError("timed_steps_per_log must be >= 0")
 
 
 def chief_and_worker_count(strategy) -> tuple:
@@ -143,8 +148,11 @@ class Trainer:
             self.loss_scale = (precision_lib.DynamicLossScale()
                                if precision_lib.needs_loss_scaling(
                                    config.precision) else None)
-            # Steps taken, including fp16 steps skipped for non-finite
-            # gradients (optimizer.iterations counts applied ones only).
+        # Steps taken, including fp16 steps skipped for non-finite gradients
+        # (optimizer.iterations counts applied ones only). A plain host
+        # variable: identical on every worker by construction, and a
+        # MirroredVariable costs about a millisecond per step to update.
+        with tf.device("/cpu:0"):
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                     name="train_step")
         _compat.disable_gradient_aggregation(optimizer)
@@ -281,16 +289,17 @@ class Trainer:
         logs = {}
         for batch in range(first, steps_per_epoch):
             callback_list.on_train_batch_begin(batch)
-            loss = self._train_one_step(iterator)
+            loss, metric_logs = self._train_one_step(iterator)
+            self.step.assign_add(1)
+            step = int(self.step.numpy())
             loss_total += loss
             seen += 1
             self._interval_loss += loss
             self._interval_steps += 1
             # As in Keras's fit: "loss" is the running mean over the epoch.
-            logs = {"loss": loss_total / seen, **self._metric_logs(),
-                    "learning_rate": self._learning_rate()}
-            step = int(self.step.numpy())
+            logs = {"loss": loss_total / seen, **metric_logs}
             if step % self.config.log_steps == 0:
+                logs["learning_rate"] = self._learning_rate()
                 logs.update(self._report(step))
             callback_list.on_train_batch_end(batch, logs)
             if (self.config.save_checkpoints_steps
@@ -298,14 +307,31 @@ class Trainer:
                 self._save()
             if self._should_stop():
                 break
+        logs["learning_rate"] = self._learning_rate()
         return dict(logs)
 
-    def _train_one_step(self, iterator) -> float:
+    def _is_timed(self, step: int) -> bool:
+        """Whether step number `step` (1-based) is run part by part."""
+        if self.loss_scale is not None:
+            return True  # fp16 needs the host between sync and apply
+        remainder = step % self.config.log_steps
+        return (self.config.timed_steps_per_log > 0 and (
+            remainder == 0 or
+            remainder > self.config.log_steps - self.config.timed_steps_per_log))
+
+    def _train_one_step(self, iterator):
+        """One optimizer step; returns (reduced loss, metric logs)."""
         timer = self.timer
+        timed = self._is_timed(int(self.step.numpy()) + 1)
         timer.start()
         micro_batches = tuple(next(iterator)
                               for _ in range(self.config.num_accumulation_steps))
         timer.mark("input_wait")
+        if not timed:
+            loss, metrics = self._train_step.fused(micro_batches)
+            loss = float(self._local(loss))
+            timer.stop(timed=False)
+            return loss, {k: float(v) for k, v in metrics.items()}
         loss, grads = self._train_step.compute(micro_batches)
         self._local(loss).numpy()  # wait for the backward pass
         timer.mark("compute")
@@ -319,9 +345,8 @@ class Trainer:
         if self.loss_scale is not None:
             self.loss_scale.update(finite)
         timer.mark("update")
-        timer.stop()
-        self.step.assign_add(1)
-        return loss
+        timer.stop(timed=True)
+        return loss, self._metric_logs()
 
     def _should_stop(self) -> bool:
         """`model.stop_training` agreed by all workers (any one stops all: the
@@ -358,14 +383,8 @@ class Trainer:
         return self.strategy.experimental_local_results(value)[0]
 
     def _metric_logs(self) -> dict:
-        logs = {}
-        for metric in self.metrics:
-            result = metric.result()
-            if isinstance(result, dict):
-                logs.update({k: float(v) for k, v in result.items()})
-            else:
-                logs[metric.name] = float(result)
-        return logs
+        return {k: float(v)
+                for k, v in self._train_step.metric_results().items()}
 
     def _learning_rate(self) -> float:
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
@@ -379,7 +398,8 @@ class Trainer:
         self._interval_loss, self._interval_steps = 0.0, 0
         line = (f"step {step}: loss {summary['interval_loss']:.4f}, "
                 f"{summary['examples_per_second']:.1f} examples/s, "
-                f"step {1000 * summary['step_time']:.1f} ms "
+                f"step {1000 * summary['step_time']:.1f} ms; timed steps "
+                f"{1000 * summary['timed_step_time']:.1f} ms "
                 f"(input {1000 * summary['input_wait']:.1f}, "
                 f"compute {1000 * summary['compute']:.1f}, "
                 f"sync {1000 * summary['sync']:.1f}, "

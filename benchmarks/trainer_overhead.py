@@ -1,0 +1,150 @@
+r"""Trainer overhead: tfscale.Trainer versus a minimal strategy.run loop.
+
+    python -m benchmarks.trainer_overhead [--steps 200] [--repeats 3]
+
+Same model, same data (one in-memory batch repeated, so input costs nothing),
+same optimizer, in the same process. The minimal loop is what one writes by
+hand: one tf.function with forward, backward and `optimizer.apply` (which
+all-reduces) inside `strategy.run`, reading the loss every step. The Trainer
+adds its three dispatches (compute, sync, apply), a host sync after each (for
+the time split), metrics-free logs and callbacks. Reports steps/s of each
+(median over interleaved repeats) and the overhead.
+"""
+
+import argparse
+import statistics
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from models import benchmark_models, bert, bert_config
+from tfscale.trainer import TrainConfig, Trainer
+
+
+def bert_workload(batch_size):
+    config = bert_config.preset("bert_tiny", vocab_size=8000)
+    rng = np.random.RandomState(0)
+    inputs = {"input_ids": rng.randint(5, 8000, (batch_size, 128)),
+              "input_mask": np.ones((batch_size, 128)),
+              "segment_ids": np.zeros((batch_size, 128)),
+              "masked_lm_positions": rng.randint(1, 128, (batch_size, 20))}
+    labels = {"masked_lm_ids": rng.randint(5, 8000, (batch_size, 20)),
+              "masked_lm_weights": np.ones((batch_size, 20), "float32"),
+              "next_sentence_labels": rng.randint(0, 2, (batch_size, 1))}
+    inputs = {k: v.astype("int32") for k, v in inputs.items()}
+    labels = {k: v if v.dtype == np.float32 else v.astype("int32")
+              for k, v in labels.items()}
+    return (lambda: bert.make_pretrainer(config, 128, 20),
+            bert.pretraining_loss, (inputs, labels))
+
+
+def mlp_workload(batch_size):
+    rng = np.random.RandomState(0)
+    x = rng.randn(batch_size, 200, 3).astype("float32")
+    y = rng.randn(batch_size, 2).astype("float32")
+    loss = keras.losses.MeanSquaredError()
+    return (benchmark_models.make_materials_mlp,
+            lambda t, p: loss.call(t, p), (x, y))
+
+
+WORKLOADS = {"bert_tiny": bert_workload, "materials_mlp": mlp_workload}
+
+
+def build(strategy, make_model):
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        return make_model(), keras.optimizers.Adam(1e-4)
+
+
+def dataset_fn_for(batch):
+    return lambda context: tf.data.Dataset.from_tensors(batch).repeat()
+
+
+def minimal_loop(strategy, make_model, loss_fn, batch, batch_size, steps):
+    model, optimizer = build(strategy, make_model)
+    iterator = iter(strategy.distribute_datasets_from_function(
+        dataset_fn_for(batch)))
+
+    @tf.function
+    def step(data):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(loss_fn(y, model(x, training=True)))
+                loss = loss / batch_size
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply(grads, model.trainable_variables)
+            return loss
+        return strategy.run(replica, args=data)
+
+    def run(n):
+        for _ in range(n):
+            float(strategy.experimental_local_results(step(next(iterator)))[0])
+    return run
+
+
+class _LastReport(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if logs and "step_time" in logs:
+            self.step_time = logs["step_time"]
+
+
+def trainer_loop(strategy, make_model, loss_fn, batch, batch_size, steps):
+    """Steady-state steps/s of `Trainer.fit` from its own report, which
+    covers every step of the run (its part-by-part timed steps included)
+    but not the iterator set-up and tear-down around `fit` (about a second
+    per call here, paid once in a real run)."""
+    model, optimizer = build(strategy, make_model)
+    trainer = Trainer(model=model, optimizer=optimizer, loss_fn=loss_fn,
+                      strategy=strategy,
+                      config=TrainConfig(global_batch_size=batch_size,
+                                         log_steps=steps, verbose=0))
+    report = _LastReport()
+
+    def run(n):
+        trainer.fit(dataset_fn_for(batch), steps_per_epoch=n,
+                    callbacks=[report])
+        trainer.step.assign(0)  # next fit: same epoch again, no resume skip
+        return 1.0 / report.step_time
+    return run
+
+
+def steps_per_second(run, steps):
+    start = time.perf_counter()
+    rate = run(steps)
+    return rate or steps / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="bert_tiny,materials_mlp")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch_size", type=int, default=32)
+    args = parser.parse_args()
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    print(f"{args.steps} steps, global batch {args.batch_size}, median of "
+          f"{args.repeats} interleaved repeats, 1 worker (MirroredStrategy)")
+    print("| workload | minimal loop steps/s | Trainer steps/s | overhead |")
+    print("|---|---:|---:|---:|")
+    for name in args.workloads.split(","):
+        make_model, loss_fn, batch = WORKLOADS[name](args.batch_size)
+        runs = {label: fn(strategy, make_model, loss_fn, batch,
+                          args.batch_size, args.steps)
+                for label, fn in (("minimal", minimal_loop),
+                                  ("trainer", trainer_loop))}
+        runs["minimal"](10)  # trace and warm up
+        runs["trainer"](args.steps)
+        rates = {label: [] for label in runs}
+        for _ in range(args.repeats):
+            for label, run in runs.items():
+                rates[label].append(steps_per_second(run, args.steps))
+        minimal = statistics.median(rates["minimal"])
+        trainer = statistics.median(rates["trainer"])
+        print(f"| {name} | {minimal:.1f} | {trainer:.1f} | "
+              f"{100 * (minimal / trainer - 1):+.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
