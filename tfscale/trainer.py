@@ -221,6 +221,8 @@ class Trainer:
             model=self.model, verbose=self.config.verbose, epochs=epochs,
             steps=steps_per_epoch)
         self.model.stop_training = False
+        self.timer.reset()
+        self._interval_loss, self._interval_steps = 0.0, 0
         restored = self._keeper.restore_latest() if self._keeper else None
         self.model._initial_epoch = None
         callback_list.on_train_begin()

@@ -1,0 +1,114 @@
+"""One worker of a scaling measurement (started by benchmarks.scaling).
+
+Trains a benchmark model on synthetic in-memory data with the Trainer for
+--warmup_steps, then --steps more, and the chief writes the Trainer's report
+of the measured steps (throughput, step time, time split) and the gradient
+bytes all-reduced per step to --result_file as JSON.
+"""
+
+import argparse
+import json
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from models import benchmark_models, bert, bert_config
+from tfscale import cluster as cluster_lib
+from tfscale import precision
+from tfscale.trainer import TrainConfig, Trainer
+
+
+def model_and_data(name: str, batch_size: int):
+    """(make_model, loss_fn, one synthetic batch of `batch_size`)."""
+    rng = np.random.RandomState(0)
+    if name == "bert_tiny":
+        config = bert_config.preset("bert_tiny", vocab_size=8000)
+        seq, pred = 128, 20
+        inputs = {"input_ids": rng.randint(5, 8000, (batch_size, seq)),
+                  "input_mask": np.ones((batch_size, seq)),
+                  "segment_ids": np.zeros((batch_size, seq)),
+                  "masked_lm_positions": rng.randint(1, seq, (batch_size, pred))}
+        labels = {"masked_lm_ids": rng.randint(5, 8000, (batch_size, pred)),
+                  "masked_lm_weights": np.ones((batch_size, pred)),
+                  "next_sentence_labels": rng.randint(0, 2, (batch_size, 1))}
+        inputs = {k: v.astype("int32") for k, v in inputs.items()}
+        labels = {k: v.astype("float32" if "weights" in k else "int32")
+                  for k, v in labels.items()}
+        return (lambda: bert.make_pretrainer(config, seq, pred),
+                bert.pretraining_loss, (inputs, labels))
+    mse = keras.losses.MeanSquaredError()
+    if name == "materials_mlp":
+        x = rng.randn(batch_size, 200, 3).astype("float32")
+        y = rng.randn(batch_size, 2).astype("float32")
+        return benchmark_models.make_materials_mlp, mse, (x, y)
+    if name == "gru":
+        config = benchmark_models.GruConfig()
+        x = rng.randn(batch_size, config.timesteps, config.features)
+        y = rng.randn(batch_size, config.timesteps, 1)
+        return (benchmark_models.make_stacked_gru, mse,
+                (x.astype("float32"), y.astype("float32")))
+    raise ValueError(f"unknown model {name!r}")
+
+
+class _Report(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.logs = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if logs and "step_time" in logs:
+            self.logs = dict(logs)
+
+
+def main(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="materials_mlp")
+    p.add_argument("--global_batch_size", type=int, required=True)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--warmup_steps", type=int, default=10)
+    p.add_argument("--xla", action="store_true")
+    p.add_argument("--precision", default="float32")
+    p.add_argument("--bytes_per_pack", type=int, default=0)
+    p.add_argument("--timed_steps", type=int, default=10)
+    p.add_argument("--result_file", required=True)
+    args = p.parse_args(argv)
+
+    info = cluster_lib.resolve_cluster()
+    config = cluster_lib.ClusterConfig(bytes_per_pack=args.bytes_per_pack)
+    strategy = cluster_lib.make_strategy(info, config)
+    precision.set_precision(args.precision)
+    per_replica = args.global_batch_size // strategy.num_replicas_in_sync
+    make_model, loss_fn, batch = model_and_data(args.model, per_replica)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = make_model()
+        optimizer = keras.optimizers.Adam(1e-4)
+    trainer = Trainer(
+        model=model, optimizer=optimizer, loss_fn=loss_fn, strategy=strategy,
+        config=TrainConfig(global_batch_size=args.global_batch_size,
+                           jit_compile=args.xla, precision=args.precision,
+                           log_steps=args.steps,
+                           timed_steps_per_log=args.timed_steps, verbose=0),
+        communication_options=cluster_lib.communication_options(config))
+    dataset_fn = lambda context: tf.data.Dataset.from_tensors(batch).repeat()  # noqa: E731
+    report = _Report()
+    # Warmup (tracing, XLA compilation), then the measured fit.
+    trainer.fit(dataset_fn, steps_per_epoch=args.warmup_steps)
+    trainer.step.assign(0)
+    trainer.fit(dataset_fn, steps_per_epoch=args.steps, callbacks=[report])
+    gradient_bytes = sum(int(np.prod(v.shape)) * 4
+                         for v in model.trainable_variables) + 4
+    if info.is_chief:
+        result = dict(report.logs, num_workers=info.num_workers,
+                      global_batch_size=args.global_batch_size,
+                      gradient_bytes=gradient_bytes,
+                      parameters=int(sum(np.prod(v.shape)
+                                         for v in model.trainable_variables)))
+        with open(args.result_file, "w") as f:
+            json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

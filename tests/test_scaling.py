@@ -1,0 +1,68 @@
+"""The scaling report: its arithmetic, and one real run with 1 and 2 workers."""
+
+import json
+import math
+
+import pytest
+
+from benchmarks import scaling
+
+
+def test_ring_allreduce_bound():
+    assert scaling.ring_allreduce_seconds(1000, 1, 10.0) == 0.0
+    assert scaling.ring_allreduce_seconds(1000, 2, 10.0) == pytest.approx(100.0)
+    assert scaling.ring_allreduce_seconds(1000, 4, 10.0) == pytest.approx(150.0)
+
+
+def test_variants_parse():
+    assert scaling.parse_variant("xla").xla
+    assert scaling.parse_variant("bf16").precision == "mixed_bfloat16"
+    assert scaling.parse_variant("pack4096").bytes_per_pack == 4096
+    assert scaling.parse_variant("batch64").per_worker_batch == 64
+    with pytest.raises(ValueError, match="unknown variant"):
+        scaling.parse_variant("fp8")
+
+
+def row(n, eps, mode="weak", sync=0.01):
+    return dict(variant="base", mode=mode, num_workers=n,
+                examples_per_second=eps, input_wait=0.001, compute=0.02,
+                sync=sync, update=0.002, gradient_bytes=4_000_000,
+                global_batch_size=32 * n, step_time=0.033)
+
+
+def test_analyze_speedup_efficiency_and_bound():
+    rows = scaling.analyze([row(1, 100.0), row(2, 150.0)], bandwidth=1e9)
+    assert rows[1]["speedup"] == pytest.approx(1.5)
+    assert rows[1]["efficiency"] == pytest.approx(0.75)
+    assert rows[1]["ring_bound_seconds"] == pytest.approx(0.004)
+    assert rows[1]["sync_vs_bound"] == pytest.approx(0.4)
+    assert rows[1]["allreduce_bandwidth"] == pytest.approx(4e8)
+    assert math.isnan(rows[0]["sync_vs_bound"])
+
+
+@pytest.mark.slow
+def test_report_runs_for_one_and_two_workers(tmp_path):
+    scaling.main(["--model", "materials_mlp", "--workers", "1,2",
+                  "--modes", "weak,strong", "--steps", "20",
+                  "--warmup_steps", "5", "--output_dir", str(tmp_path)])
+    data = json.loads((tmp_path / "results.json").read_text())
+    rows = data["rows"]
+    assert data["link_bandwidth"] > 1e8  # loopback: well over 100 MB/s
+    assert {(r["mode"], r["num_workers"]) for r in rows} == {
+        ("weak", 1), ("weak", 2), ("strong", 1), ("strong", 2)}
+    for r in rows:
+        base = next(b for b in rows if b["mode"] == r["mode"]
+                    and b["num_workers"] == 1)
+        assert r["speedup"] == pytest.approx(
+            r["examples_per_second"] / base["examples_per_second"])
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["num_workers"])
+        # The parts of the timed steps add up to their measured step time.
+        assert r["phase_sum"] == pytest.approx(r["timed_step_time"], rel=0.05)
+        assert r["gradient_bytes"] == 4 * r["parameters"] + 4
+    strong = [r for r in rows if r["mode"] == "strong"]
+    assert len({r["global_batch_size"] for r in strong}) == 1
+    two = next(r for r in rows if r["num_workers"] == 2)
+    assert two["sync"] > 0 and two["ring_bound_seconds"] > 0
+    for name in ("report.md", "results.csv", "speedup.png", "breakdown.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "| base | weak | 2 |" in (tmp_path / "report.md").read_text()
