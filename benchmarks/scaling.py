@@ -131,12 +131,12 @@ def analyze(rows: List[dict], bandwidth: float) -> List[dict]:
     return out
 
 
-def run_point(model, workers, global_batch, variant, steps, warmup, out_dir,
-              timeout=1800) -> dict:
+def run_point(model, workers, global_batch, variant, mode, steps, warmup,
+              out_dir, timeout=1800) -> dict:
     """One measurement: `workers` local workers via launch.local."""
     cores = os.cpu_count() or 1
-    result = os.path.join(out_dir, f"point-{variant.name}-{global_batch}-"
-                                   f"{workers}.json")
+    result = os.path.join(out_dir, f"point-{variant.name}-{mode}-"
+                                   f"{workers}w-{global_batch}.json")
     command = [sys.executable, "-m", "launch.local", "--num_workers",
                str(workers), "--threads_per_worker",
                str(max(1, cores // workers)), "--",
@@ -206,6 +206,9 @@ def _plot(rows, out_dir):
                   label=f"{variant}/{mode}")
     most = max(r["num_workers"] for r in rows)
     ax_s.plot([1, most], [1, most], "k--", linewidth=0.8, label="linear")
+    ticks = sorted({r["num_workers"] for r in rows})
+    ax_s.set_xticks(ticks)
+    ax_e.set_xticks(ticks)
     ax_s.set(xlabel="workers", ylabel="speedup", title="Speedup")
     ax_e.set(xlabel="workers", ylabel="efficiency", title="Parallel efficiency",
              ylim=(0, 1.1))
@@ -265,8 +268,9 @@ def main(argv=None):
                          args.global_batch or per_worker * max(workers))
                 if batch % n:
                     continue
-                point = run_point(args.model, n, batch, variant, args.steps,
-                                  args.warmup_steps, args.output_dir)
+                point = run_point(args.model, n, batch, variant, mode,
+                                  args.steps, args.warmup_steps,
+                                  args.output_dir)
                 point.update(variant=variant.name, mode=mode)
                 rows.append(point)
                 print(f"{variant.name} {mode} {n} worker(s), batch {batch}: "

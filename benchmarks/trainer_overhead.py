@@ -16,40 +16,14 @@ import statistics
 import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from models import benchmark_models, bert, bert_config
+from benchmarks.scaling_worker import model_and_data
+from tfscale.step import per_example_loss
 from tfscale.trainer import TrainConfig, Trainer
 
 
-def bert_workload(batch_size):
-    config = bert_config.preset("bert_tiny", vocab_size=8000)
-    rng = np.random.RandomState(0)
-    inputs = {"input_ids": rng.randint(5, 8000, (batch_size, 128)),
-              "input_mask": np.ones((batch_size, 128)),
-              "segment_ids": np.zeros((batch_size, 128)),
-              "masked_lm_positions": rng.randint(1, 128, (batch_size, 20))}
-    labels = {"masked_lm_ids": rng.randint(5, 8000, (batch_size, 20)),
-              "masked_lm_weights": np.ones((batch_size, 20), "float32"),
-              "next_sentence_labels": rng.randint(0, 2, (batch_size, 1))}
-    inputs = {k: v.astype("int32") for k, v in inputs.items()}
-    labels = {k: v if v.dtype == np.float32 else v.astype("int32")
-              for k, v in labels.items()}
-    return (lambda: bert.make_pretrainer(config, 128, 20),
-            bert.pretraining_loss, (inputs, labels))
-
-
-def mlp_workload(batch_size):
-    rng = np.random.RandomState(0)
-    x = rng.randn(batch_size, 200, 3).astype("float32")
-    y = rng.randn(batch_size, 2).astype("float32")
-    loss = keras.losses.MeanSquaredError()
-    return (benchmark_models.make_materials_mlp,
-            lambda t, p: loss.call(t, p), (x, y))
-
-
-WORKLOADS = {"bert_tiny": bert_workload, "materials_mlp": mlp_workload}
+WORKLOADS = ("bert_tiny", "materials_mlp")
 
 
 def build(strategy, make_model):
@@ -71,8 +45,8 @@ def minimal_loop(strategy, make_model, loss_fn, batch, batch_size, steps):
     def step(data):
         def replica(x, y):
             with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(loss_fn(y, model(x, training=True)))
-                loss = loss / batch_size
+                loss = tf.reduce_sum(per_example_loss(
+                    loss_fn, y, model(x, training=True))) / batch_size
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply(grads, model.trainable_variables)
             return loss
@@ -118,7 +92,7 @@ def steps_per_second(run, steps):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", default="bert_tiny,materials_mlp")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch_size", type=int, default=32)
@@ -129,7 +103,7 @@ def main():
     print("| workload | minimal loop steps/s | Trainer steps/s | overhead |")
     print("|---|---:|---:|---:|")
     for name in args.workloads.split(","):
-        make_model, loss_fn, batch = WORKLOADS[name](args.batch_size)
+        make_model, loss_fn, batch = model_and_data(name, args.batch_size)
         runs = {label: fn(strategy, make_model, loss_fn, batch,
                           args.batch_size, args.steps)
                 for label, fn in (("minimal", minimal_loop),

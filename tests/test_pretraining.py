@@ -59,7 +59,13 @@ def test_two_workers_loss_falls_checkpoints_once_and_resume(corpus, tmp_path):
                          if f.endswith(".index"))
     assert checkpoints == ["ckpt-10.index", "ckpt-20.index", "ckpt-30.index",
                            "ckpt-40.index"]
-    assert os.listdir(out / "tensorboard" / "train")
+    from tensorboard.backend.event_processing.event_accumulator import (
+        EventAccumulator)
+    events = EventAccumulator(str(out / "tensorboard" / "train"))
+    events.Reload()
+    tags = set(events.Tags()["tensors"])
+    assert {"batch_loss", "batch_learning_rate", "batch_examples_per_second",
+            "batch_sync", "batch_compute"} <= tags
     assert output.count("tfscale run_pretraining done") == 1  # chief only
 
     _, output = run_pretraining(2, pretrain_args(corpus, out, 50))

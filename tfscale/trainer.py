@@ -172,6 +172,7 @@ class Trainer:
         self._agree = tf.function(self._agree_fn)
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
         self._interval_loss, self._interval_steps = 0.0, 0
+        self._split_steps = 0
         self.checkpoint_path = None
         self._keeper = None
         if config.checkpoint_dir:
@@ -291,7 +292,8 @@ class Trainer:
         logs = {}
         for batch in range(first, steps_per_epoch):
             callback_list.on_train_batch_begin(batch)
-            loss, metric_logs = self._train_one_step(iterator)
+            loss, metric_logs = self._train_one_step(iterator,
+                                                     first_of_fit=not seen)
             self.step.assign_add(1)
             step = int(self.step.numpy())
             loss_total += loss
@@ -312,19 +314,23 @@ class Trainer:
         logs["learning_rate"] = self._learning_rate()
         return dict(logs)
 
-    def _is_timed(self, step: int) -> bool:
-        """Whether step number `step` (1-based) is run part by part."""
-        if self.loss_scale is not None:
+    def _is_timed(self, step: int, first_of_fit: bool) -> bool:
+        """Whether step number `step` (1-based) is run part by part.
+
+        Also the first step of every fit, so that the part functions are
+        traced there and not inside a measured interval.
+        """
+        if self.loss_scale is not None or first_of_fit:
             return True  # fp16 needs the host between sync and apply
         remainder = step % self.config.log_steps
         return (self.config.timed_steps_per_log > 0 and (
             remainder == 0 or
             remainder > self.config.log_steps - self.config.timed_steps_per_log))
 
-    def _train_one_step(self, iterator):
+    def _train_one_step(self, iterator, first_of_fit=False):
         """One optimizer step; returns (reduced loss, metric logs)."""
         timer = self.timer
-        timed = self._is_timed(int(self.step.numpy()) + 1)
+        timed = self._is_timed(int(self.step.numpy()) + 1, first_of_fit)
         timer.start()
         micro_batches = tuple(next(iterator)
                               for _ in range(self.config.num_accumulation_steps))
@@ -347,7 +353,9 @@ class Trainer:
         if self.loss_scale is not None:
             self.loss_scale.update(finite)
         timer.mark("update")
-        timer.stop(timed=True)
+        # The very first part-by-part step traces the functions: not counted.
+        timer.stop(timed=self._split_steps > 0)
+        self._split_steps += 1
         return loss, self._metric_logs()
 
     def _should_stop(self) -> bool:
