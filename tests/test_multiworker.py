@@ -169,3 +169,6 @@ def test_unreachable_peer_fails_within_the_connect_timeout(tmp_path):
     assert code == -9  # killed by the watchdog process
     assert time.monotonic() - start < 60
     assert f"unreachable peer(s): 127.0.0.1:{ports[1]}" in output
+    from tests.test_launch import processes_mentioning
+    assert processes_mentioning(str(tmp_path)) == []  # no worker left
+    assert processes_mentioning("_watchdog.py") == []  # nor its watchdog

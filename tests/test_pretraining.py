@@ -75,15 +75,18 @@ def test_two_workers_loss_falls_checkpoints_once_and_resume(corpus, tmp_path):
     assert len(resumed["intervals"]) == 2  # steps 45 and 50 only
 
 
-def test_single_worker_with_eval_and_accumulation(corpus, tmp_path):
+def test_single_worker_with_eval_accumulation_and_profile(corpus, tmp_path):
     out = tmp_path / "single"
     code, output = run_command(
         [sys.executable, "run_pretraining.py",
          *pretrain_args(corpus, out, 10, "--num_accumulation_steps=2",
                         f"--eval_input_file={corpus}/records/train-00000-*",
-                        "--max_eval_steps=3", "--precision=mixed_bfloat16")],
+                        "--max_eval_steps=3", "--precision=mixed_bfloat16",
+                        "--profile_steps=3,5")],
         timeout=300)
     assert code == 0, output[-5000:]
+    traces = list((out / "tensorboard").rglob("*.xplane.pb"))
+    assert len(traces) == 1  # the profiler trace of steps 3-5
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 10
     assert summary["eval"]["loss"] > 0 and 0 <= summary["eval"]["mlm_accuracy"] <= 1
