@@ -336,3 +336,15 @@ class StartupWatchdog:
     def __exit__(self, *exc):
         self._process.stdin.close()
         self._process.wait()
+
+
+def chief_and_worker_count(strategy) -> tuple:
+    """(is_chief, num_workers) of this process under `strategy`."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    if not spec:
+        return True, 1
+    num_workers = len(spec.get("chief", ())) + len(spec.get("worker", ()))
+    if "chief" in spec:
+        return resolver.task_type == "chief", num_workers
+    return resolver.task_type == "worker" and resolver.task_id == 0, num_workers

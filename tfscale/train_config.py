@@ -1,0 +1,60 @@
+"""TrainConfig: how the Trainer trains (batch, accumulation, XLA, precision,
+checkpoints, logging). Frozen and validated on construction."""
+
+import dataclasses
+from typing import Optional
+
+from tfscale import precision as precision_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """How to train.
+
+    Attributes:
+        global_batch_size: Examples per optimizer step, over all replicas and
+            accumulation micro-batches.
+        num_accumulation_steps: Micro-batches per optimizer step.
+        jit_compile: XLA-compile the per-replica forward/backward.
+        clip_global_norm: Clip reduced gradients to this global norm.
+        precision: "float32", "mixed_bfloat16" or "mixed_float16" (the
+            latter adds dynamic loss scaling). The Keras policy itself is
+            set by `precision.set_precision` before the model is built.
+        checkpoint_dir: Where the chief keeps checkpoints; None: none.
+        save_checkpoints_steps: Save every this many steps (0: only at the
+            end of `fit`).
+        max_checkpoints_to_keep: How many checkpoints to keep.
+        log_steps: Report throughput and the time split every this many steps.
+        timed_steps_per_log: Steps per log interval run part by part to
+            measure the time split (the others run as one fused dispatch).
+        verbose: 0 silent, 1 progress bar, 2 one line per log interval (the
+            chief only in every case).
+    """
+
+    global_batch_size: int
+    num_accumulation_steps: int = 1
+    jit_compile: bool = False
+    clip_global_norm: Optional[float] = None
+    precision: str = "float32"
+    checkpoint_dir: Optional[str] = None
+    save_checkpoints_steps: int = 0
+    max_checkpoints_to_keep: int = 5
+    log_steps: int = 100
+    timed_steps_per_log: int = 4
+    verbose: int = 2
+
+    def __post_init__(self):
+        if self.global_batch_size <= 0:
+            raise ValueError(
+                f"global_batch_size must be > 0, got {self.global_batch_size}")
+        if self.num_accumulation_steps < 1:
+            raise ValueError("num_accumulation_steps must be >= 1, got "
+                             f"{self.num_accumulation_steps}")
+        if self.precision not in precision_lib.PRECISIONS:
+            raise ValueError(f"precision must be one of "
+                             f"{precision_lib.PRECISIONS}, got {self.precision!r}")
+        if self.save_checkpoints_steps < 0 or self.log_steps < 1:
+            raise ValueError("save_checkpoints_steps must be >= 0 and "
+                             "log_steps >= 1")
+        if self.timed_steps_per_log < 0:
+            raise ValueError("timed_steps_per_log must be >= 0")
