@@ -92,6 +92,17 @@ def test_single_worker_with_eval_accumulation_and_profile(corpus, tmp_path):
     assert summary["eval"]["loss"] > 0 and 0 <= summary["eval"]["mlm_accuracy"] <= 1
 
 
+def test_two_workers_float16_with_loss_scaling(corpus, tmp_path):
+    out = tmp_path / "fp16"
+    run_pretraining(2, pretrain_args(corpus, out, 12, "--precision=mixed_float16",
+                                     "--log_steps=6"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 12
+    for row in summary["intervals"]:
+        assert row["loss_scale"] >= 1 and 0 <= row["skipped_steps"] <= 6
+        assert row["interval_loss"] == row["interval_loss"]  # not NaN
+
+
 def last_line(output):
     return output.strip().splitlines()[-1]
 

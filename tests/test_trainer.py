@@ -209,13 +209,19 @@ def test_float16_skips_non_finite_steps_and_lowers_the_scale():
         x, y = data()
         trainer = make_trainer(mirrored(TWO_CPUS),
                                TrainConfig(global_batch_size=16, verbose=0,
-                                           precision="mixed_float16"))
+                                           precision="mixed_float16",
+                                           log_steps=40))
         trainer.loss_scale.scale.assign(2.0 ** 40)  # overflows float16
-        history = trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=40)
+        recorder = Recorder()
+        history = trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=40,
+                              callbacks=[recorder])
     finally:
         precision.set_precision("float32")
     skipped = int(trainer.step.numpy()) - int(trainer.optimizer.iterations.numpy())
     assert skipped > 0
+    report = recorder.batch_logs[-1]
+    assert report["skipped_steps"] == skipped
+    assert report["loss_scale"] == float(trainer.loss_scale.scale.numpy())
     assert float(trainer.loss_scale.scale.numpy()) < 2.0 ** 40
     assert np.isfinite(history.history["loss"][-1])
     assert all(np.all(np.isfinite(w)) for w in weights(trainer.model))

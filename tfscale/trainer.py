@@ -109,6 +109,7 @@ class Trainer:
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
         self._interval_loss, self._interval_steps = 0.0, 0
         self._split_steps = 0
+        self._skipped_steps = 0  # fp16 steps skipped in this log interval
         self.checkpoint_path = None
         self._keeper = None
         if config.checkpoint_dir:
@@ -288,6 +289,7 @@ class Trainer:
             self.optimizer.iterations.numpy()  # wait for the update
         if self.loss_scale is not None:
             self.loss_scale.update(finite)
+            self._skipped_steps += 0 if finite else 1
         timer.mark("update")
         # The very first part-by-part step traces the functions: not counted.
         timer.stop(timed=self._split_steps > 0)
@@ -342,6 +344,13 @@ class Trainer:
             self._interval_steps, 1)
         self.timer.reset()
         self._interval_loss, self._interval_steps = 0.0, 0
+        fp16 = ""
+        if self.loss_scale is not None:
+            summary["loss_scale"] = float(self.loss_scale.scale.numpy())
+            summary["skipped_steps"] = float(self._skipped_steps)
+            self._skipped_steps = 0
+            fp16 = (f"; loss scale {summary['loss_scale']:g}, "
+                    f"{summary['skipped_steps']:g} step(s) skipped")
         line = (f"step {step}: loss {summary['interval_loss']:.4f}, "
                 f"{summary['examples_per_second']:.1f} examples/s, "
                 f"step {1000 * summary['step_time']:.1f} ms; timed steps "
@@ -349,7 +358,7 @@ class Trainer:
                 f"(input {1000 * summary['input_wait']:.1f}, "
                 f"compute {1000 * summary['compute']:.1f}, "
                 f"sync {1000 * summary['sync']:.1f}, "
-                f"update {1000 * summary['update']:.1f})")
+                f"update {1000 * summary['update']:.1f}){fp16}")
         if self.config.verbose == 2:
             self._log(line)
         return summary
