@@ -8,7 +8,7 @@
 Batch first, then parse the whole batch with one `tf.io.parse_example`: the
 fused map-and-batch of today, about 6x faster on 2 cores than parsing each
 example (DESIGN.md fact 5). `parse_example` is cheaper per record on bigger
-batches, so records are parsed in chunks of `parse_chunk_size` (4096: +25-35%
+batches, so records are parsed in chunks of `parse_chunk_size` (2,048-4,096: +15-30%
 over parsing batches of 256 here) and the parsed tensors are then sliced into
 batches with `rebatch`. Nothing runs per record on the hot path: no
 per-record map, no file-name tagging (it cost 15-25% here). When a read or

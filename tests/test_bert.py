@@ -142,8 +142,10 @@ def test_instances_follow_google_rules():
                                     [1] * (len(inst.tokens) - first_sep - 1))
         assert 1 <= len(inst.masked_lm_positions) <= 5
         assert inst.masked_lm_positions == sorted(inst.masked_lm_positions)
-        for p in inst.masked_lm_positions:
-            assert inst.tokens[p] not in (2, 3) or inst.masked_lm_ids
+        # [CLS] and [SEP] are never masked (SEPs survive masking unchanged).
+        seps = [i for i, t in enumerate(inst.tokens) if t == 3]
+        assert all(p != 0 and p not in seps for p in inst.masked_lm_positions)
+        assert all(t not in (2, 3) for t in inst.masked_lm_ids)
     masked = sum(inst.tokens[p] == 4 for inst in instances
                  for p in inst.masked_lm_positions)
     total = sum(len(inst.masked_lm_positions) for inst in instances)
