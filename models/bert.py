@@ -2,7 +2,9 @@
 
 Inputs are Google's record features (`input_ids`, `input_mask`,
 `segment_ids`, `masked_lm_positions`); outputs are float32 logits
-`{"mlm_logits": [B, P, V], "nsp_logits": [B, 2]}`. Mixed-precision safe:
+`{"mlm_logits": [B, P, V], "nsp_logits": [B, 2]}`. `BertPretrainer.encoder`
+is a `BertEncoder` (embeddings, transformer layers, pooler) that can be saved
+and loaded on its own for fine-tuning. Mixed-precision safe:
 layers compute in the policy's dtype, while attention softmax, the output
 logits and the losses are float32. Variable paths contain `layer_norm` and
 `bias` where BERT's recipe excludes them from weight decay.
@@ -89,8 +91,26 @@ class TransformerLayer(layers.Layer):
             x + self.output_dropout(hidden, training=training))
 
 
-class BertPretrainer(keras.Model):
-    """BERT encoder with the masked-LM (tied embeddings) and NSP heads."""
+def _dummy_inputs(max_seq_length: int) -> dict:
+    return {
+        "input_ids": ops.zeros((1, max_seq_length), "int32"),
+        "input_mask": ops.ones((1, max_seq_length), "int32"),
+        "segment_ids": ops.zeros((1, max_seq_length), "int32"),
+    }
+
+
+class BertEncoder(keras.Model):
+    """Embeddings, the transformer stack and the pooler: what fine-tuning
+    starts from.
+
+    Transformer layers are attributes (`layer_0`, `layer_1`, ...), never a
+    Python list: Keras tracks list members, but TensorFlow's checkpoint object
+    graph does not see them (DESIGN.md fact 14), so a `tf.train.Checkpoint`
+    of a model holding its layers in a list silently lacks their weights.
+
+    Call: `{"input_ids", "input_mask", "segment_ids"}` ->
+    `(sequence_output [B, T, H], pooled_output [B, H])`.
+    """
 
     def __init__(self, config: BertConfig, **kwargs):
         super().__init__(**kwargs)
@@ -109,12 +129,44 @@ class BertPretrainer(keras.Model):
         self.embedding_layer_norm = layers.LayerNormalization(
             epsilon=1e-12, name="embedding_layer_norm")
         self.embedding_dropout = layers.Dropout(config.hidden_dropout_prob)
-        self.encoder_layers = [TransformerLayer(config, name=f"layer_{i}")
-                               for i in range(config.num_hidden_layers)]
+        for i in range(config.num_hidden_layers):
+            setattr(self, f"layer_{i}",
+                    TransformerLayer(config, name=f"layer_{i}"))
         self.pooler = layers.Dense(hidden, activation="tanh",
                                    kernel_initializer=init, name="pooler")
+
+    @property
+    def transformer_layers(self) -> list:
+        return [getattr(self, f"layer_{i}")
+                for i in range(self.config.num_hidden_layers)]
+
+    def call(self, inputs, training=False):
+        input_ids = inputs["input_ids"]
+        length = ops.shape(input_ids)[1]
+        positions = ops.expand_dims(ops.arange(length), 0)
+        x = (self.word_embeddings(input_ids) +
+             self.position_embeddings(positions) +
+             self.type_embeddings(inputs["segment_ids"]))
+        x = self.embedding_dropout(self.embedding_layer_norm(x),
+                                   training=training)
+        # Padding gets a large negative bias before the float32 softmax.
+        mask = ops.cast(inputs["input_mask"], "float32")
+        mask_bias = (1.0 - mask[:, None, None, :]) * -10000.0
+        for layer in self.transformer_layers:
+            x = layer(x, mask_bias, training=training)
+        return x, self.pooler(x[:, 0])
+
+
+class BertPretrainer(keras.Model):
+    """`BertEncoder` with the masked-LM (tied embeddings) and NSP heads."""
+
+    def __init__(self, config: BertConfig, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        init = _init(config)
+        self.encoder = BertEncoder(config, name="encoder")
         self.mlm_transform = layers.Dense(
-            hidden, activation=_activation(config.hidden_act),
+            config.hidden_size, activation=_activation(config.hidden_act),
             kernel_initializer=init, name="mlm_transform")
         self.mlm_layer_norm = layers.LayerNormalization(
             epsilon=1e-12, name="mlm_layer_norm")
@@ -129,31 +181,26 @@ class BertPretrainer(keras.Model):
         super().build(input_shape)
 
     def call(self, inputs, training=False):
-        input_ids = inputs["input_ids"]
-        length = ops.shape(input_ids)[1]
-        positions = ops.expand_dims(ops.arange(length), 0)
-        x = (self.word_embeddings(input_ids) +
-             self.position_embeddings(positions) +
-             self.type_embeddings(inputs["segment_ids"]))
-        x = self.embedding_dropout(self.embedding_layer_norm(x),
-                                   training=training)
-        # Padding gets a large negative bias before the float32 softmax.
-        mask = ops.cast(inputs["input_mask"], "float32")
-        mask_bias = (1.0 - mask[:, None, None, :]) * -10000.0
-        for layer in self.encoder_layers:
-            x = layer(x, mask_bias, training=training)
-        pooled = self.pooler(x[:, 0])
+        x, pooled = self.encoder(inputs, training=training)
         nsp_logits = ops.cast(self.nsp(pooled), "float32")
         gathered = ops.take_along_axis(
             x, ops.expand_dims(inputs["masked_lm_positions"], -1), axis=1)
         transformed = self.mlm_layer_norm(self.mlm_transform(gathered))
-        embeddings = ops.cast(self.word_embeddings.embeddings,
+        embeddings = ops.cast(self.encoder.word_embeddings.embeddings,
                               transformed.dtype)
         # Variables read inside a mixed-precision call are autocast: cast
         # the bias back so the logits are float32.
         mlm_logits = (ops.cast(ops.matmul(transformed, ops.transpose(embeddings)),
                                "float32") + ops.cast(self.mlm_bias, "float32"))
         return {"mlm_logits": mlm_logits, "nsp_logits": nsp_logits}
+
+
+def make_encoder(config: BertConfig, max_seq_length: int = 128) -> BertEncoder:
+    """Builds a `BertEncoder` (variables created), e.g. to load an exported
+    `encoder.weights.h5` for fine-tuning."""
+    encoder = BertEncoder(config, name="encoder")
+    encoder(_dummy_inputs(max_seq_length))
+    return encoder
 
 
 def make_pretrainer(config: BertConfig, max_seq_length: int,
@@ -167,12 +214,9 @@ def make_pretrainer(config: BertConfig, max_seq_length: int,
             f"max_seq_length {max_seq_length} exceeds the model's "
             f"max_position_embeddings {config.max_position_embeddings}")
     model = BertPretrainer(config, name="bert_pretrainer")
-    dummy = {
-        "input_ids": ops.zeros((1, max_seq_length), "int32"),
-        "input_mask": ops.ones((1, max_seq_length), "int32"),
-        "segment_ids": ops.zeros((1, max_seq_length), "int32"),
-        "masked_lm_positions": ops.zeros((1, max_predictions_per_seq), "int32"),
-    }
+    dummy = _dummy_inputs(max_seq_length)
+    dummy["masked_lm_positions"] = ops.zeros((1, max_predictions_per_seq),
+                                             "int32")
     model(dummy)
     return model
 

@@ -78,7 +78,7 @@ def test_mlm_head_is_tied_to_the_word_embeddings():
     inputs, labels = batch()
     with tf.GradientTape() as tape:
         loss = bert.pretraining_loss(labels, model(inputs))
-    embeddings = model.word_embeddings.embeddings
+    embeddings = model.encoder.word_embeddings.embeddings
     grad = tape.gradient(loss, embeddings)
     # Rows of the masked-LM labels get gradient through the output layer
     # even when those tokens never appear in the input.
@@ -104,7 +104,7 @@ def test_mixed_float16_keeps_logits_and_loss_in_float32():
         model = bert.make_pretrainer(tiny(), 32, 5)
         inputs, labels = batch()
         outputs = model(inputs)
-        assert model.encoder_layers[0].attention.query.compute_dtype == "float16"
+        assert model.encoder.layer_0.attention.query.compute_dtype == "float16"
         assert outputs["mlm_logits"].dtype == "float32"
         assert np.isfinite(bert.pretraining_loss(labels, outputs).numpy()).all()
     finally:

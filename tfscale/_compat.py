@@ -120,3 +120,15 @@ def enable_multi_worker_fit():
     tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
     tf_trainer.reduce_per_replica = reduce_per_replica
     tf_trainer._tfscale_patched = True
+
+
+def continue_tensorboard_steps(callbacks, step: int) -> None:
+    """Makes Keras's TensorBoard callbacks count steps from `step`.
+
+    `keras.callbacks.TensorBoard.on_train_begin` resets its private batch
+    counter to 0, so after a resume every scalar would be written again at
+    steps 1, 2, ... over the first run's. Call after `on_train_begin`.
+    """
+    for callback in callbacks:
+        if isinstance(callback, keras.callbacks.TensorBoard):
+            callback._global_train_batch = step

@@ -348,3 +348,15 @@ def chief_and_worker_count(strategy) -> tuple:
     if "chief" in spec:
         return resolver.task_type == "chief", num_workers
     return resolver.task_type == "worker" and resolver.task_id == 0, num_workers
+
+
+def worker_index(strategy) -> int:
+    """This process's index in [0, num_workers) under `strategy` (chief 0)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    if not spec:
+        return 0
+    chiefs = len(spec.get("chief", ()))
+    if resolver.task_type == "chief":
+        return 0
+    return chiefs + int(resolver.task_id)

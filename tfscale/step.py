@@ -4,7 +4,8 @@ One optimizer step is three parts:
 
     compute  per replica: forward and backward over k micro-batches, gradients
              summed locally (XLA-compiled when asked). No communication.
-    sync     one all-reduce of [loss, *gradients] across all replicas, then
+    sync     one all-reduce of [loss and flags, *gradients] across all
+             replicas, then
              loss-scale removal, a finite check and global-norm clipping.
     apply    the optimizer update with the reduced gradients.
 
@@ -144,14 +145,19 @@ class TrainStep:
                 a + b for a, b in zip(grad_sum, grads)]
         return loss_sum, grad_sum
 
-    def _replica_sync(self, loss, grads):
+    def _replica_sync(self, loss, grads, signals):
         context = tf.distribute.get_replica_context()
+        # The loss and the host's flags (stop_training, preemption) ride in
+        # the gradients' all-reduce: every worker learns any worker's flags
+        # at the same step, with no collective of their own.
+        control = tf.concat([tf.reshape(tf.cast(loss, tf.float32), [1]),
+                             tf.cast(signals, tf.float32)], axis=0)
         # tf.identity gives the values the replica's device: inputs that
         # come from another tf.function carry none, and all_reduce needs it.
-        values = [tf.identity(loss)] + [tf.identity(g) for g in grads]
+        values = [tf.identity(control)] + [tf.identity(g) for g in grads]
         reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, values,
                                      options=self._options)
-        loss, grads = reduced[0], reduced[1:]
+        control, grads = reduced[0], reduced[1:]
         if self._loss_scale is not None:
             inverse = 1.0 / tf.cast(self._loss_scale.scale, tf.float32)
             grads = [g * tf.cast(inverse, g.dtype) for g in grads]
@@ -163,23 +169,33 @@ class TrainStep:
             # (what Keras's global_clipnorm does, fact 8) is not the same.
             grads, _ = tf.clip_by_global_norm(
                 grads, self._config.clip_global_norm, use_norm=norm)
-        return loss, grads, finite, norm
+        return control, grads, finite, norm
 
     def _replica_apply(self, grads):
         self._optimizer.apply(grads, self._variables)
 
-    def _replica_fused(self, micro_batches):
+    def _replica_fused(self, micro_batches, signals):
         loss, grads = self._replica_compute(micro_batches)
-        loss, grads, _, _ = self._replica_sync(loss, grads)
+        control, grads, _, _ = self._replica_sync(loss, grads, signals)
         self._replica_apply(grads)
-        return loss
+        return control
 
     # ---- cross replica (the compiled entry points) --------------------------
 
-    def _fused(self, micro_batches):
-        """One whole step; returns (reduced loss, metric results)."""
-        loss = self._strategy.run(self._replica_fused, args=(micro_batches,))
-        return loss, self.metric_results()
+    def _fused(self, micro_batches, signals):
+        """One whole step.
+
+        Args:
+            micro_batches: Per-replica batches, one per accumulation step.
+            signals: float32 [2]: this worker's (stop, preempt) flags.
+
+        Returns:
+            (control, metric results); control = [loss, stop, preempt]
+            summed over replicas (the flags are > 0 if any worker set them).
+        """
+        control = self._strategy.run(self._replica_fused,
+                                     args=(micro_batches, signals))
+        return control, self.metric_results()
 
     def metric_results(self):
         """{name: value} of every metric (read in the same dispatch)."""
@@ -195,8 +211,9 @@ class TrainStep:
     def _compute(self, micro_batches):
         return self._strategy.run(self._replica_compute, args=(micro_batches,))
 
-    def _sync(self, loss, grads):
-        return self._strategy.run(self._replica_sync, args=(loss, grads))
+    def _sync(self, loss, grads, signals):
+        return self._strategy.run(self._replica_sync,
+                                  args=(loss, grads, signals))
 
     def _apply(self, grads):
         self._strategy.run(self._replica_apply, args=(grads,))

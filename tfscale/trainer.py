@@ -5,8 +5,11 @@ Keras 3's `model.fit` fails under MultiWorkerMirroredStrategy (DESIGN.md fact
 `fit`'s contract (a dataset, epochs, steps, standard `keras.callbacks`) and
 adds: one all-reduce per optimizer step with gradient accumulation, clipping
 after the all-reduce, XLA for the forward/backward on any device, fp16 loss
-scaling, chief-only files, checkpoints with automatic resume, and a per-step
-time split (input wait, compute, gradient sync, update).
+scaling, chief-only files, checkpoints that hold the whole run (model, RNG
+states, optimizer, input position: see `checkpointing.py`) with automatic
+and exact resume, preemption (SIGTERM -> agreed step -> checkpoint -> exit
+143, see `preemption.py`), and a per-step time split (input wait, compute,
+gradient sync, update).
 
 The math lives in `step.py`; this file is the loop around it.
 """
@@ -21,9 +24,11 @@ from absl import logging
 
 from tfscale import _compat
 from tfscale import callback_files
+from tfscale import checkpointing
 from tfscale import precision as precision_lib
-from tfscale.checkpointing import CheckpointKeeper
-from tfscale.cluster import chief_and_worker_count
+from tfscale.cluster import chief_and_worker_count, worker_index
+from tfscale.input_feed import InputFeed
+from tfscale.preemption import Preempted, SignalWatch
 from tfscale.step import EvalStep, StepConfig, TrainStep
 from tfscale.timing import StepTimer
 from tfscale.train_config import TrainConfig
@@ -78,6 +83,7 @@ class Trainer:
         self.config = config
         self.metrics = list(metrics)
         self.is_chief, self.num_workers = chief_and_worker_count(strategy)
+        self.worker_index = worker_index(strategy)
         self.per_replica_batch_size = config.global_batch_size // divisor
         with strategy.scope():
             optimizer.build(model.trainable_variables)
@@ -113,11 +119,16 @@ class Trainer:
         self.checkpoint_path = None
         self._keeper = None
         if config.checkpoint_dir:
-            trackables = dict(model=model, optimizer=optimizer, step=self.step)
-            if self.loss_scale is not None:
-                trackables["loss_scale"] = self.loss_scale
-            self._keeper = CheckpointKeeper(
+            trackables = checkpointing.training_trackables(
+                model, optimizer, self.step, loss_scale=self.loss_scale,
+                metrics=self.metrics)
+            barrier = None
+            if self.num_workers > 1:
+                barrier = lambda: self._agree(tf.constant(0.0))  # noqa: E731
+            self._keeper = checkpointing.CheckpointKeeper(
                 config.checkpoint_dir, is_chief=self.is_chief,
+                worker_index=self.worker_index, num_workers=self.num_workers,
+                barrier_fn=barrier,
                 max_to_keep=config.max_checkpoints_to_keep, **trackables)
 
     # ---- public API --------------------------------------------------------
@@ -128,10 +139,13 @@ class Trainer:
             validation_steps: Optional[int] = None) -> keras.callbacks.History:
         """Trains for `epochs` x `steps_per_epoch` optimizer steps.
 
-        Resumes from the latest checkpoint in `config.checkpoint_dir` (or the
-        epoch a `BackupAndRestore` callback restored), skipping the batches
-        the earlier run consumed so a deterministic pipeline continues where
-        it left off.
+        Resumes from the latest checkpoint in `config.checkpoint_dir`: model,
+        RNG states, optimizer, step and, with the same worker count, each
+        worker's input position, so the run continues exactly where it
+        stopped. On another worker count the input starts over (see
+        README, "Checkpoints and resume"). The Trainer's checkpoint wins over
+        a `BackupAndRestore` callback; without one, `BackupAndRestore`'s
+        epoch is used.
 
         Args:
             dataset_fn: `fn(tf.distribute.InputContext) -> tf.data.Dataset`
@@ -145,6 +159,11 @@ class Trainer:
 
         Returns:
             The `keras.callbacks.History` (epoch logs).
+
+        Raises:
+            Preempted: A worker got SIGTERM; the checkpoint of the step all
+                workers agreed on is saved (a `SystemExit` with code 143).
+            checkpointing.RestoreError: The checkpoint does not fit.
         """
         if steps_per_epoch < 1 or epochs < 1:
             raise ValueError("steps_per_epoch and epochs must be >= 1")
@@ -161,30 +180,44 @@ class Trainer:
         self.model.stop_training = False
         self.timer.reset()
         self._interval_loss, self._interval_steps = 0.0, 0
-        restored = self._keeper.restore_latest() if self._keeper else None
+        feed = InputFeed(self.strategy, dataset_fn,
+                         num_workers=self.num_workers,
+                         worker_index=self.worker_index)
+        restored = None
+        if self._keeper:
+            self._keeper.track_input(feed.iterator)
+            restored = self._keeper.restore_latest()
         self.model._initial_epoch = None
         callback_list.on_train_begin()
         if worker_dir:
             callback_files.route_backup_writes(callbacks, worker_dir)
-        if not restored and self.model._initial_epoch:
+        if restored and self.model._initial_epoch is not None:
+            # BackupAndRestore loaded its weights over ours: ours win.
+            self._keeper.restore_latest()
+        elif self.model._initial_epoch:
             # BackupAndRestore restored weights at an epoch boundary.
             self.step.assign(self.model._initial_epoch * steps_per_epoch)
         start = int(self.step.numpy())
         if restored:
-            self._log(f"resumed from {restored} at step {start}")
-        iterator = iter(self.strategy.distribute_datasets_from_function(
-            self._skipping(dataset_fn, start)))
+            input_state = self._keeper.restore_input(start)
+            self._log(f"resumed from {restored} at step {start}; input "
+                      + ("position restored" if input_state else
+                         "starts over (no input state for "
+                         f"{self.num_workers} worker(s) at this step)"))
+        _compat.continue_tensorboard_steps(callbacks, start)
         logs = {}
         try:
-            for epoch in range(start // steps_per_epoch, epochs):
-                logs = self._train_epoch(iterator, callback_list, epoch,
-                                         steps_per_epoch)
-                if validation_fn is not None:
-                    val = self.evaluate(validation_fn, steps=validation_steps)
-                    logs.update({f"val_{k}": v for k, v in val.items()})
-                callback_list.on_epoch_end(epoch, logs)
-                if self.model.stop_training:
-                    break
+            with SignalWatch() as watch:
+                for epoch in range(start // steps_per_epoch, epochs):
+                    logs = self._train_epoch(feed, callback_list, epoch,
+                                             steps_per_epoch, watch)
+                    if validation_fn is not None:
+                        val = self.evaluate(validation_fn,
+                                            steps=validation_steps)
+                        logs.update({f"val_{k}": v for k, v in val.items()})
+                    callback_list.on_epoch_end(epoch, logs)
+                    if self._agreed_stop():
+                        break
             self._save()
             callback_list.on_train_end(logs)
         finally:
@@ -220,17 +253,21 @@ class Trainer:
 
     # ---- the loop ------------------------------------------------------------
 
-    def _train_epoch(self, iterator, callback_list, epoch, steps_per_epoch):
+    def _train_epoch(self, feed, callback_list, epoch, steps_per_epoch, watch):
         callback_list.on_epoch_begin(epoch)
-        for metric in self.metrics:
-            metric.reset_state()
+        if int(self.step.numpy()) % steps_per_epoch == 0:
+            # (A resume inside an epoch keeps the restored running values.)
+            for metric in self.metrics:
+                metric.reset_state()
         loss_total, seen = 0.0, 0
         first = int(self.step.numpy()) % steps_per_epoch
         logs = {}
         for batch in range(first, steps_per_epoch):
             callback_list.on_train_batch_begin(batch)
-            loss, metric_logs = self._train_one_step(iterator,
-                                                     first_of_fit=not seen)
+            signals = [float(bool(self.model.stop_training)),
+                       float(watch.requested)]
+            loss, (stop, preempt), metric_logs = self._train_one_step(
+                feed, signals)
             self.step.assign_add(1)
             step = int(self.step.numpy())
             loss_total += loss
@@ -243,45 +280,60 @@ class Trainer:
                 logs["learning_rate"] = self._learning_rate()
                 logs.update(self._report(step))
             callback_list.on_train_batch_end(batch, logs)
+            if self.num_workers == 1:
+                # No peer to agree with: act on this step's flags at once.
+                stop, preempt = self.model.stop_training, watch.requested
+            if preempt:
+                self._save()
+                self._log(f"preempted (SIGTERM): saved step {step}, exiting "
+                          "with code 143")
+                raise Preempted(step, self.checkpoint_path)
             if (self.config.save_checkpoints_steps
                     and step % self.config.save_checkpoints_steps == 0):
                 self._save()
-            if self._should_stop():
+            if stop:
+                # Set on some worker during the previous step: all stop here.
+                self.model.stop_training = True
                 break
         logs["learning_rate"] = self._learning_rate()
         return dict(logs)
 
-    def _is_timed(self, step: int, first_of_fit: bool) -> bool:
+    def _is_timed(self, step: int) -> bool:
         """Whether step number `step` (1-based) is run part by part.
 
-        Also the first step of every fit, so that the part functions are
-        traced there and not inside a measured interval.
+        A function of the step number alone, so an interrupted and resumed
+        run takes exactly the same path at every step as an uninterrupted one.
         """
-        if self.loss_scale is not None or first_of_fit:
+        if self.loss_scale is not None:
             return True  # fp16 needs the host between sync and apply
         remainder = step % self.config.log_steps
         return (self.config.timed_steps_per_log > 0 and (
             remainder == 0 or
             remainder > self.config.log_steps - self.config.timed_steps_per_log))
 
-    def _train_one_step(self, iterator, first_of_fit=False):
-        """One optimizer step; returns (reduced loss, metric logs)."""
+    def _train_one_step(self, feed, signals):
+        """One optimizer step.
+
+        Returns:
+            (reduced loss, (stop, preempt) as any worker flagged them for
+            this step, metric logs).
+        """
         timer = self.timer
-        timed = self._is_timed(int(self.step.numpy()) + 1, first_of_fit)
+        timed = self._is_timed(int(self.step.numpy()) + 1)
+        signals = tf.constant(signals, tf.float32)
         timer.start()
-        micro_batches = tuple(next(iterator)
-                              for _ in range(self.config.num_accumulation_steps))
+        micro_batches = feed.next(self.config.num_accumulation_steps)
         timer.mark("input_wait")
         if not timed:
-            loss, metrics = self._train_step.fused(micro_batches)
-            loss = float(self._local(loss))
+            control, metrics = self._train_step.fused(micro_batches, signals)
+            loss, flags = self._control(control)
             timer.stop(timed=False)
-            return loss, {k: float(v) for k, v in metrics.items()}
+            return loss, flags, {k: float(v) for k, v in metrics.items()}
         loss, grads = self._train_step.compute(micro_batches)
         self._local(loss).numpy()  # wait for the backward pass
         timer.mark("compute")
-        loss, grads, finite, _ = self._train_step.sync(loss, grads)
-        loss = float(self._local(loss))
+        control, grads, finite, _ = self._train_step.sync(loss, grads, signals)
+        loss, flags = self._control(control)
         finite = bool(self._local(finite))
         timer.mark("sync")
         if finite or self.loss_scale is None:
@@ -294,16 +346,17 @@ class Trainer:
         # The very first part-by-part step traces the functions: not counted.
         timer.stop(timed=self._split_steps > 0)
         self._split_steps += 1
-        return loss, self._metric_logs()
+        return loss, flags, self._metric_logs()
 
-    def _should_stop(self) -> bool:
-        """`model.stop_training` agreed by all workers (any one stops all: the
-        flags are summed).
+    def _control(self, control):
+        """[loss, stop, preempt] (reduced) -> (loss, (stop, preempt))."""
+        values = self._local(control).numpy()
+        return float(values[0]), (bool(values[1] > 0), bool(values[2] > 0))
 
-        Callbacks see identical reduced logs on every worker, but one that
-        decides from local state would otherwise leave the others waiting
-        in the next collective forever.
-        """
+    def _agreed_stop(self) -> bool:
+        """`model.stop_training` at an epoch's end, agreed by all workers
+        (any one stops all: the flags are summed). One collective per epoch;
+        inside an epoch the flag rides in the step's all-reduce instead."""
         if self.num_workers == 1:
             return bool(self.model.stop_training)
         flag = tf.constant(1.0 if self.model.stop_training else 0.0)
@@ -318,14 +371,6 @@ class Trainer:
         return self.strategy.run(replica_fn)
 
     # ---- helpers -------------------------------------------------------------
-
-    def _skipping(self, dataset_fn, start_step):
-        """Wraps `dataset_fn` to skip the batches `start_step` steps used."""
-        if start_step == 0:
-            return dataset_fn
-        local_replicas = self.strategy.num_replicas_in_sync // self.num_workers
-        skip = start_step * self.config.num_accumulation_steps * local_replicas
-        return lambda context: dataset_fn(context).skip(skip)
 
     def _local(self, value):
         return self.strategy.experimental_local_results(value)[0]

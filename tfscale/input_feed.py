@@ -1,0 +1,52 @@
+"""Per-replica step inputs from this worker's `tf.data` pipeline.
+
+`strategy.distribute_datasets_from_function` hides its per-worker iterator,
+and that iterator cannot be checkpointed. The Trainer instead builds this
+worker's dataset itself (from the same `InputContext` tf.distribute would
+pass), iterates it with an ordinary `tf.data` iterator, which
+`tf.train.Checkpoint` saves and restores (file offsets, shuffle buffers,
+prefetched batches: resuming costs the same at step 10 and step 500,000),
+and hands each local replica its batch with
+`experimental_distribute_values_from_function`. Measured on 2 logical CPUs,
+this costs no more per step than the distributed iterator.
+
+Local replicas take consecutive elements, as with
+`distribute_datasets_from_function`. Batches are not prefetched to GPU
+memory: the copy happens at the start of the step.
+"""
+
+import tensorflow as tf
+
+
+class InputFeed:
+    """This worker's dataset, served as per-replica micro-batches.
+
+    Args:
+        strategy: The strategy.
+        dataset_fn: `fn(tf.distribute.InputContext) -> tf.data.Dataset` of
+            per-replica batches.
+        num_workers: Number of workers (input pipelines).
+        worker_index: This worker's index.
+    """
+
+    def __init__(self, strategy, dataset_fn, *, num_workers: int,
+                 worker_index: int):
+        replicas = strategy.num_replicas_in_sync
+        self._strategy = strategy
+        self._local_replicas = replicas // num_workers
+        self._first_replica = worker_index * self._local_replicas
+        context = tf.distribute.InputContext(
+            num_input_pipelines=num_workers, input_pipeline_id=worker_index,
+            num_replicas_in_sync=replicas)
+        with tf.device("/cpu:0"):
+            self.iterator = iter(dataset_fn(context))
+
+    def next(self, num_micro_batches: int) -> tuple:
+        """The next step's micro-batches, each a per-replica value."""
+        return tuple(self._next_micro_batch() for _ in range(num_micro_batches))
+
+    def _next_micro_batch(self):
+        elements = [next(self.iterator) for _ in range(self._local_replicas)]
+        first = self._first_replica
+        return self._strategy.experimental_distribute_values_from_function(
+            lambda context: elements[context.replica_id_in_sync_group - first])
