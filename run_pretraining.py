@@ -140,10 +140,12 @@ def main(argv):
     import tensorflow as tf
 
     from input_pipelines import bert_records, tfrecord
-    from models import bert
+    from models import bert, bert_export
+    from tfscale import checkpointing
     from tfscale import cluster as cluster_lib
     from tfscale import precision
     from tfscale.optim import make_optimizer
+    from tfscale.preemption import Preempted
     from tfscale.trainer import TrainConfig, Trainer
 
     try:
@@ -206,6 +208,12 @@ def main(argv):
     try:
         trainer.fit(dataset_fn, steps_per_epoch=FLAGS.num_train_steps,
                     epochs=1, callbacks=callbacks)
+    except Preempted as e:
+        # Exit 143 after the checkpoint: launchers and schedulers restart us.
+        print(f"run_pretraining: {e}", file=sys.stderr, flush=True)
+        raise
+    except checkpointing.RestoreError as e:
+        fail(f"--output_dir: {e}")
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
         culprit = tfrecord.find_bad_record(
             tfrecord.expand_files(FLAGS.input_file),
@@ -225,6 +233,8 @@ def main(argv):
             eval_records, cfg["spec"], max(1, FLAGS.eval_batch_size // replicas))
         results["eval"] = trainer.evaluate(eval_fn, steps=FLAGS.max_eval_steps)
     if info.is_chief:
+        results["export"] = bert_export.export(
+            model, os.path.join(FLAGS.output_dir, "export"))
         with open(os.path.join(FLAGS.output_dir, "summary.json"), "w") as f:
             json.dump(results, f, indent=2)
         print(final_summary(results), flush=True)
@@ -273,7 +283,8 @@ def final_summary(results) -> str:
              f"  steps {results['steps']}, {rate:.1f} examples/s (mean of "
              f"log intervals), {results['wall_seconds']:.1f} s",
              f"  loss {first:.4f} (first interval) -> {last:.4f} (last)",
-             f"  checkpoint {results['checkpoint']}"]
+             f"  checkpoint {results['checkpoint']}",
+             f"  export {results.get('export')}"]
     if "eval" in results:
         lines.append("  eval " + ", ".join(
             f"{k} {v:.4f}" for k, v in results["eval"].items()))

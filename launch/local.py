@@ -114,6 +114,31 @@ def shell_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
+# What `tfscale.preemption.PREEMPTED_EXIT_CODE` is (not imported: this
+# module never imports TensorFlow): a worker that saved a checkpoint after
+# SIGTERM exits with it.
+PREEMPTED_EXIT_CODE = 143
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_launcher():
+    """preexec_fn: the worker gets SIGKILL when the launcher dies.
+
+    Workers run in their own session (so a signal to the worker reaches its
+    children too), which also means nothing would end them if the launcher
+    itself were killed: they would hold ports, cores and GPUs. Linux's
+    parent-death signal closes that gap; elsewhere nothing is set.
+    """
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
 class _Group:
     """The running worker processes of one attempt."""
 
@@ -126,7 +151,9 @@ class _Group:
             proc = subprocess.Popen(
                 spec.command, env=dict(spec.env), stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True)
+                start_new_session=True,
+                preexec_fn=(_die_with_launcher if sys.platform == "linux"
+                            else None))
             self.procs.append(proc)
             thread = threading.Thread(target=self._pump,
                                       args=(spec.index, proc), daemon=True)
@@ -160,8 +187,13 @@ class _Group:
                     pass
 
     def stop(self, grace_seconds: float, sig=signal.SIGTERM):
-        """Signals every live worker, then kills what is left after grace."""
-        self.signal_all(sig)
+        """Signals every live worker, then kills what is left after grace.
+
+        With `sig=None` the workers are not signalled first (they are
+        finishing by themselves, e.g. saving a preemption checkpoint).
+        """
+        if sig is not None:
+            self.signal_all(sig)
         deadline = time.monotonic() + grace_seconds
         while time.monotonic() < deadline and not self.all_done():
             time.sleep(POLL_SECONDS)
@@ -174,14 +206,26 @@ class _Group:
 
 def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
         max_restarts: int = 0, host: str = "127.0.0.1",
-        threads_per_worker: Optional[int] = None, grace_seconds: float = 10.0,
+        threads_per_worker: Optional[int] = None, grace_seconds: float = 30.0,
         base_env: Optional[Mapping[str, str]] = None, out=None) -> int:
     """Runs `command` as `num_workers` workers until all succeed.
 
+    A worker that fails (crash, kill -9, or exit 143 after saving a
+    preemption checkpoint) stops the attempt; while restarts remain, all
+    workers start again and resume from the latest checkpoint. SIGTERM to
+    the launcher is passed on to the workers (they save a checkpoint and
+    exit), SIGINT too.
+
     Returns:
         0 if every worker exited 0; else the shell status of the first
-        worker that failed in the last attempt (130 after Ctrl-C).
+        worker that failed in the last attempt; 128 + N after signal N
+        reached the launcher (130 for Ctrl-C, 143 for SIGTERM).
+
+    Raises:
+        ValueError: `max_restarts` < 0 or another bad argument.
     """
+    if max_restarts < 0:
+        raise ValueError(f"--max_restarts must be >= 0, got {max_restarts}")
     out = out or sys.stdout
     base_env = dict(os.environ if base_env is None else base_env)
     interrupted = []
@@ -191,6 +235,7 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
 
     previous = {s: signal.signal(s, on_signal)
                 for s in (signal.SIGINT, signal.SIGTERM)}
+    code = 0
     try:
         for attempt in range(max_restarts + 1):
             ports = (list(range(port, port + num_workers)) if port
@@ -205,17 +250,26 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
                     break
                 time.sleep(POLL_SECONDS)
             if interrupted:
-                _say(out, f"{signal.Signals(interrupted[0]).name}: stopping "
-                          f"all workers")
-                group.stop(grace_seconds, sig=signal.SIGINT)
-                return 130
+                sig = interrupted[0]
+                _say(out, f"{signal.Signals(sig).name}: passing it to all "
+                          f"workers")
+                group.stop(grace_seconds, sig=sig)
+                return 128 + int(sig)
             if failure is None:
                 group.stop(grace_seconds)
                 return 0
             index, code = failure
-            _say(out, f"worker {index} failed ({describe_exit(code)}); "
-                      f"stopping the other workers")
-            group.stop(grace_seconds)
+            if code == PREEMPTED_EXIT_CODE:
+                # The others are saving the same checkpoint: let them finish.
+                _say(out, f"worker {index} was preempted (exit {code}, "
+                          f"checkpoint saved); waiting for the others")
+                group.stop(grace_seconds, sig=None)
+            else:
+                # The others cannot finish a step (or a checkpoint) without
+                # it: there is nothing to wait for.
+                _say(out, f"worker {index} failed ({describe_exit(code)}); "
+                          f"stopping the other workers")
+                group.stop(0.0, sig=signal.SIGKILL)
             if attempt < max_restarts:
                 _say(out, f"restart {attempt + 1}/{max_restarts}: starting "
                           f"{num_workers} workers again (cause: worker {index} "
@@ -243,7 +297,9 @@ def parse_args(argv: Sequence[str]):
     parser.add_argument("--threads_per_worker", type=int, default=None,
                         help="TF intra-op threads per worker "
                              "(default: cores / num_workers)")
-    parser.add_argument("--grace_seconds", type=float, default=10.0)
+    parser.add_argument("--grace_seconds", type=float, default=30.0,
+                        help="seconds workers get to exit (and save a "
+                             "checkpoint) after a signal before SIGKILL")
     argv = list(argv)
     if "--" not in argv:
         parser.error("put the training command after '--'")

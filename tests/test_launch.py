@@ -142,7 +142,7 @@ def test_ctrl_c_stops_all_workers_and_leaves_a_restorable_checkpoint(tmp_path):
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, output[-3000:]
-    assert "SIGINT: stopping all workers" in output
+    assert "SIGINT: passing it to all workers" in output
     assert processes_mentioning(str(tmp_path)) == []
     latest = tf.train.latest_checkpoint(str(ckpt))
     reader = tf.train.load_checkpoint(latest)
@@ -196,3 +196,61 @@ def test_port_in_use_is_named_and_nothing_is_left_running(tmp_path):
     assert (f"[worker 0] tfscale: error: worker 0: cannot listen on "
             f"127.0.0.1:{port}") in output
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_negative_max_restarts_is_a_one_line_error(capsys):
+    with pytest.raises(ValueError, match="--max_restarts must be >= 0"):
+        local.run(["true"], 1, max_restarts=-1)
+    with pytest.raises(SystemExit):
+        local.parse_args(["--num_workers", "1", "--max_restarts", "-1", "--",
+                          "true"])
+    assert "--max_restarts must be >= 0" in capsys.readouterr().err
+
+
+SLEEPER = ("import signal, sys, time\n"
+           "def term(*_):\n"
+           "    open(sys.argv[1] + '.' + __import__('os').environ["
+           "'TFSCALE_WORKER_INDEX'], 'w').close()\n"
+           "    sys.exit(143)\n"
+           "signal.signal(signal.SIGTERM, term)\n"
+           "print('ready', flush=True)\n"
+           "time.sleep(600)\n")
+
+
+def start_sleepers(tmp_path):
+    marker = str(tmp_path / "sigterm")
+    command = [sys.executable, "-m", "launch.local", "--num_workers", "2",
+               "--", sys.executable, "-c", SLEEPER, marker]
+    proc = subprocess.Popen(command, cwd=REPO, env=dict(os.environ,
+                                                        PYTHONPATH=REPO),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    ready = 0
+    while ready < 2:  # each worker prints 'ready' once its handler is set
+        line = proc.stdout.readline()
+        assert line, "launcher ended early"
+        ready += "ready" in line
+    return proc, marker
+
+
+@pytest.mark.slow
+def test_workers_die_with_a_killed_launcher(tmp_path):
+    proc, marker = start_sleepers(tmp_path)
+    assert len(processes_mentioning(marker)) == 3  # launcher + 2 workers
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while processes_mentioning(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)  # waiting for the kernel to reap them
+    assert processes_mentioning(marker) == []
+
+
+@pytest.mark.slow
+def test_sigterm_reaches_every_worker_and_exits_143(tmp_path):
+    proc, marker = start_sleepers(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, output
+    assert "SIGTERM: passing it to all workers" in output
+    assert os.path.exists(marker + ".0") and os.path.exists(marker + ".1")
+    assert processes_mentioning(marker) == []

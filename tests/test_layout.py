@@ -4,7 +4,7 @@ import ast
 import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-ENTRY_POINTS = {"run_pretraining.py", "input_pipelines/create_pretraining_data.py",
+ENTRY_POINTS = {"run_pretraining.py", "export_bert.py", "input_pipelines/create_pretraining_data.py",
                 "input_pipelines/make_demo_corpus.py"}
 
 

@@ -177,6 +177,21 @@ class Trainer:
             add_progbar=self.is_chief and self.config.verbose == 1,
             model=self.model, verbose=self.config.verbose, epochs=epochs,
             steps=steps_per_epoch)
+        # SIGTERM from now on is a preemption request (see preemption.py).
+        watch = SignalWatch().__enter__()
+        try:
+            return self._fit(dataset_fn, callbacks, callback_list, worker_dir,
+                             watch, steps_per_epoch, epochs, validation_fn,
+                             validation_steps)
+        finally:
+            watch.__exit__()
+            if self._keeper:
+                self._keeper.close()
+            if worker_dir:
+                shutil.rmtree(worker_dir, ignore_errors=True)
+
+    def _fit(self, dataset_fn, callbacks, callback_list, worker_dir, watch,
+             steps_per_epoch, epochs, validation_fn, validation_steps):
         self.model.stop_training = False
         self.timer.reset()
         self._interval_loss, self._interval_steps = 0.0, 0
@@ -206,25 +221,17 @@ class Trainer:
                          f"{self.num_workers} worker(s) at this step)"))
         _compat.continue_tensorboard_steps(callbacks, start)
         logs = {}
-        try:
-            with SignalWatch() as watch:
-                for epoch in range(start // steps_per_epoch, epochs):
-                    logs = self._train_epoch(feed, callback_list, epoch,
-                                             steps_per_epoch, watch)
-                    if validation_fn is not None:
-                        val = self.evaluate(validation_fn,
-                                            steps=validation_steps)
-                        logs.update({f"val_{k}": v for k, v in val.items()})
-                    callback_list.on_epoch_end(epoch, logs)
-                    if self._agreed_stop():
-                        break
-            self._save()
-            callback_list.on_train_end(logs)
-        finally:
-            if self._keeper:
-                self._keeper.close()
-            if worker_dir:
-                shutil.rmtree(worker_dir, ignore_errors=True)
+        for epoch in range(start // steps_per_epoch, epochs):
+            logs = self._train_epoch(feed, callback_list, epoch,
+                                     steps_per_epoch, watch)
+            if validation_fn is not None:
+                val = self.evaluate(validation_fn, steps=validation_steps)
+                logs.update({f"val_{k}": v for k, v in val.items()})
+            callback_list.on_epoch_end(epoch, logs)
+            if self._agreed_stop():
+                break
+        self._save()
+        callback_list.on_train_end(logs)
         return self.model.history
 
     def evaluate(self, dataset_fn: Callable, steps: Optional[int] = None) -> dict:

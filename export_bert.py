@@ -1,0 +1,45 @@
+r"""Export a tfscale BERT checkpoint for downstream use.
+
+    python export_bert.py --checkpoint=runs/bert/checkpoints \
+        --bert_config_file=bert_config.json --output_dir=runs/bert/export
+
+`--checkpoint` is a checkpoint prefix or a directory (its latest checkpoint).
+Writes what `models.bert_export` describes (`bert_config.json`,
+`bert_pretrainer.weights.h5`, `encoder.weights.h5`). `run_pretraining.py`
+does the same at the end of every run, into `<output_dir>/export`.
+"""
+
+import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory.")
+flags.DEFINE_string("bert_config_file", None, "Google bert_config.json.")
+flags.DEFINE_string("output_dir", None, "Where to write the export.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        sys.exit(f"export_bert: error: unexpected arguments {argv[1:]}")
+    for name in ("checkpoint", "bert_config_file", "output_dir"):
+        if not getattr(FLAGS, name):
+            sys.exit(f"export_bert: error: --{name} is required")
+    from models import bert, bert_config, bert_export
+    from tfscale import checkpointing
+    try:
+        config = bert_config.BertConfig.from_json_file(FLAGS.bert_config_file)
+    except (ValueError, OSError) as e:
+        sys.exit(f"export_bert: error: --bert_config_file: {e}")
+    # Sequence lengths do not change the weights: any valid ones build them.
+    model = bert.make_pretrainer(config, min(128, config.max_position_embeddings), 1)
+    try:
+        path = checkpointing.restore_model(model, FLAGS.checkpoint)
+    except checkpointing.RestoreError as e:
+        sys.exit(f"export_bert: error: --checkpoint: {e}")
+    bert_export.export(model, FLAGS.output_dir)
+    print(f"exported {path} to {FLAGS.output_dir}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,148 @@
+"""The flagship run resumes exactly: run_pretraining.py with BERT (dropout on),
+shuffled records made by the writer, 2 workers through launch.local.
+
+A worker is killed from outside (kill -9, or SIGTERM as a scheduler would
+send), the launcher restarts the job, and the final checkpoint must equal
+the uninterrupted run's bit for bit: every model variable, RNG state and
+optimizer slot.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+from tests.test_launch import processes_mentioning
+from tests.test_pretraining import corpus, pretrain_args  # noqa: F401
+
+pytestmark = pytest.mark.slow
+STEPS = 40
+FLAGSHIP = ["--deterministic", "--seed=7", "--log_steps=5"]
+
+
+def launch(num_workers, args, *, max_restarts=0):
+    command = [sys.executable, "-m", "launch.local", "--num_workers",
+               str(num_workers), "--threads_per_worker", "1",
+               "--max_restarts", str(max_restarts), "--",
+               sys.executable, "run_pretraining.py", *args]
+    return subprocess.Popen(command, cwd=REPO,
+                            env=dict(os.environ, PYTHONPATH=REPO),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def finish(proc, timeout=400):
+    output, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, output[-20000:]
+    return output
+
+
+def worker_pid(marker, index):
+    """PID of worker `index` of the run whose command line has `marker`."""
+    for pid in processes_mentioning(marker):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"TFSCALE_WORKER_INDEX={index}".encode() in env and \
+                b"launch.local" not in open(f"/proc/{pid}/cmdline", "rb").read():
+            return pid
+    return None
+
+
+def wait_for(predicate, proc, timeout=300):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, "run ended before the event"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)  # polling the file system, not synchronizing
+
+
+def final_state(out):
+    import tensorflow as tf
+    path = tf.train.latest_checkpoint(str(out / "checkpoints"))
+    assert path.endswith(f"ckpt-{STEPS}"), path
+    reader = tf.train.load_checkpoint(path)
+    state = {}
+    for key, dtype in reader.get_variable_to_dtype_map().items():
+        if dtype != tf.string and "save_counter" not in key:
+            state[key] = reader.get_tensor(key)
+    return state
+
+
+def assert_bit_identical(a, b):
+    assert sorted(a) == sorted(b)
+    assert any("rng" in k for k in a)  # the dropout seed states are there
+    for key in a:
+        if key.startswith("metrics/"):
+            # Running sums of the epoch's metrics (logs, not training state):
+            # per-worker SyncOnRead parts restored as one sum may round
+            # differently in the last bit.
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-6, err_msg=key)
+        else:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+VARIANTS = {"base": [], "accumulation": ["--num_accumulation_steps=2"],
+            "fp16": ["--precision=mixed_float16"]}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, tmp_path_factory):  # noqa: F811
+    """Each variant once, without interruption (started lazily)."""
+    results = {}
+
+    def get(variant):
+        if variant not in results:
+            out = tmp_path_factory.mktemp(f"full-{variant}")
+            finish(launch(2, pretrain_args(corpus, out, STEPS, *FLAGSHIP,
+                                           *VARIANTS[variant])))
+            results[variant] = final_state(out)
+        return results[variant]
+    return get
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_kill9_and_restart_ends_bit_identical(corpus, uninterrupted,  # noqa: F811
+                                              tmp_path, variant):
+    out = tmp_path / "run"
+    proc = launch(2, pretrain_args(corpus, out, STEPS, *FLAGSHIP,
+                                   *VARIANTS[variant]), max_restarts=1)
+    wait_for(lambda: os.path.exists(out / "checkpoints" / "ckpt-10.index"),
+             proc)
+    pid = worker_pid(str(out), 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    output = finish(proc)
+    assert "worker 1 failed (killed by SIGKILL)" in output
+    assert "at step 10; input position restored" in output
+    assert_bit_identical(uninterrupted(variant), final_state(out))
+
+
+def test_sigterm_saves_an_agreed_checkpoint_and_resumes_bit_identical(
+        corpus, uninterrupted, tmp_path):  # noqa: F811
+    out = tmp_path / "run"
+    # No periodic checkpoint: the only one before the end is preemption's.
+    args = pretrain_args(corpus, out, STEPS, *FLAGSHIP)
+    args = [a for a in args if not a.startswith("--save_checkpoints_steps")]
+    proc = launch(2, args + ["--save_checkpoints_steps=1000"], max_restarts=1)
+    seen = []
+    for line in proc.stdout:  # until the first log interval: mid-run
+        seen.append(line)
+        if "tfscale: step 5:" in line:
+            break
+    os.kill(worker_pid(str(out), 1), signal.SIGTERM)
+    output = "".join(seen) + finish(proc)
+    assert "worker 1 was preempted (exit 143" in output, output[-5000:]
+    assert "run_pretraining: preempted: checkpoint at step" in output
+    assert "input position restored" in output
+    checkpoints = sorted(int(f[5:-6]) for f in os.listdir(out / "checkpoints")
+                         if f.startswith("ckpt-") and f.endswith(".index"))
+    assert len(checkpoints) == 2 and 0 < checkpoints[0] < STEPS, checkpoints
+    assert_bit_identical(uninterrupted("base"), final_state(out))
