@@ -123,10 +123,41 @@ def test_killed_worker_is_restarted_and_run_ends_as_uninterrupted(
     assert_same_weights(load_weights(sgd_one), load_weights(out))
 
 
-def test_one_worker_stopping_stops_all(tmp_path_factory):
+def test_one_worker_stopping_stops_all_one_step_later(tmp_path_factory):
+    # Worker 1 sets stop_training after step 2; the flag rides in step 3's
+    # all-reduce, and both workers stop after step 3.
     out, _ = train(tmp_path_factory, "stop", 2, "--stop_at", "2")
-    assert load_events(out, 0)["step"] == 2
-    assert load_events(out, 1)["step"] == 2
+    assert load_events(out, 0)["step"] == 3
+    assert load_events(out, 1)["step"] == 3
+
+
+def test_resume_on_another_worker_count_two_one_two(tmp_path_factory):
+    import tensorflow as tf
+    ckpt = str(tmp_path_factory.mktemp("ckpt21"))
+    common = ["--checkpoint_dir", ckpt, "--save_steps", "3", "--dump_initial"]
+    runs = []
+    for num_workers, epochs in ((2, 1), (1, 2), (2, 3)):
+        out, output = train(tmp_path_factory, f"w{num_workers}e{epochs}",
+                            num_workers, "--epochs", str(epochs), *common)
+        runs.append((out, output))
+        assert load_events(out, 0)["step"] == 6 * epochs
+        if epochs > 1:
+            start = 6 * (epochs - 1)
+            assert f"at step {start}; input starts over" in output
+            # Every weight restored exactly from the previous run's checkpoint.
+            reader = tf.train.load_checkpoint(os.path.join(ckpt, f"ckpt-{start}"))
+            previous = load_weights(runs[-2][0], 0)
+            initial = [np.load(os.path.join(out, "initial_0.npz"))[f"arr_{i}"]
+                       for i in range(len(previous))]
+            for a, b in zip(previous, initial):
+                np.testing.assert_array_equal(a, b)
+            assert reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == start
+    # The schedule continued: the optimizer counted all 18 updates.
+    reader = tf.train.load_checkpoint(os.path.join(ckpt, "ckpt-18"))
+    iterations = [reader.get_tensor(k) for k, _ in tf.train.list_variables(
+        os.path.join(ckpt, "ckpt-18"))
+        if k.startswith("optimizer/") and "iterations" in k]
+    assert iterations == [18]
 
 
 def test_keras_fit_under_multiworker_with_compat_matches_one_worker(

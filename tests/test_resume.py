@@ -8,6 +8,7 @@ optimizer slot.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -139,7 +140,9 @@ def test_sigterm_saves_an_agreed_checkpoint_and_resumes_bit_identical(
             break
     os.kill(worker_pid(str(out), 1), signal.SIGTERM)
     output = "".join(seen) + finish(proc)
-    assert "worker 1 was preempted (exit 143" in output, output[-5000:]
+    # Both workers save at the agreed step and exit 143; either may be first.
+    assert re.search(r"worker [01] was preempted \(exit 143", output), \
+        output[-5000:]
     assert "run_pretraining: preempted: checkpoint at step" in output
     assert "input position restored" in output
     checkpoints = sorted(int(f[5:-6]) for f in os.listdir(out / "checkpoints")

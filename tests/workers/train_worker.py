@@ -84,12 +84,16 @@ def main(argv):
     p.add_argument("--slurm_port_base", type=int, default=8888)
     p.add_argument("--keras_fit", action="store_true",
                    help="train with model.fit + _compat.enable_multi_worker_fit")
+    p.add_argument("--dump_initial", action="store_true",
+                   help="write the weights fit starts from (after restore)")
     p.add_argument("--crash_at", type=int, default=0,
                    help="exit(17) after this global step, once (marker file)")
     args = p.parse_args(argv)
 
     tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(1)
+    from absl import logging
+    logging.set_verbosity(logging.INFO)  # the Trainer's "resumed from" lines
     try:
         info = cluster_lib.resolve_cluster(slurm_port_base=args.slurm_port_base)
     except cluster_lib.ClusterError as e:
@@ -146,6 +150,13 @@ def main(argv):
         callbacks.append(keras.callbacks.CSVLogger(args.csv))
     if args.stop_at:
         callbacks.append(StopAt(args.stop_at, info.worker_index == 1))
+    if args.dump_initial:
+        class DumpInitial(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                np.savez(os.path.join(args.out,
+                                      f"initial_{info.worker_index}.npz"),
+                         *[v.numpy() for v in model.trainable_variables])
+        callbacks.append(DumpInitial())
     if args.crash_at:
         marker = os.path.join(args.out, "crashed")
 
