@@ -191,3 +191,41 @@ def test_restore_model_from_a_directory_restores_every_weight(tmp_path):
     assert os.path.basename(path) == "ckpt-1"
     for a, b in zip(values(trainer.model.weights), values(fresh.weights)):
         np.testing.assert_array_equal(a, b)
+
+
+LOAD_EXPORT = """
+import sys, numpy as np
+from models import bert_export
+data = dict(np.load(sys.argv[2]))
+encoder = bert_export.load_encoder(sys.argv[1], max_seq_length=16)
+sequence, pooled = encoder({k: data[k] for k in ("input_ids", "input_mask",
+                                                 "segment_ids")})
+model = bert_export.load_pretrainer(sys.argv[1], 16, 4)
+mlm = model(data)["mlm_logits"]
+np.savez(sys.argv[3], sequence=sequence, pooled=pooled, mlm=mlm)
+"""
+
+
+def test_export_loads_in_a_fresh_process_with_the_same_outputs(tmp_path):
+    import subprocess
+    import sys
+    from models import bert_export
+    from tests.conftest import REPO
+    keras.utils.set_random_seed(4)
+    model = bert.make_pretrainer(tiny(), SEQ, PRED)
+    inputs, _ = bert_batches(n=3)
+    bert_export.export(model, str(tmp_path / "export"))
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    code = subprocess.run(
+        [sys.executable, "-c", LOAD_EXPORT, str(tmp_path / "export"),
+         str(tmp_path / "inputs.npz"), str(tmp_path / "outputs.npz")],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), timeout=120,
+        capture_output=True, text=True)
+    assert code.returncode == 0, code.stderr[-3000:]
+    loaded = np.load(tmp_path / "outputs.npz")
+    sequence, pooled = model.encoder(
+        {k: inputs[k] for k in ("input_ids", "input_mask", "segment_ids")})
+    np.testing.assert_array_equal(loaded["sequence"], sequence.numpy())
+    np.testing.assert_array_equal(loaded["pooled"], pooled.numpy())
+    np.testing.assert_array_equal(loaded["mlm"],
+                                  model(inputs)["mlm_logits"].numpy())

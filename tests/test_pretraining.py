@@ -73,6 +73,14 @@ def test_two_workers_loss_falls_checkpoints_once_and_resume(corpus, tmp_path):
     resumed = json.loads((out / "summary.json").read_text())
     assert resumed["steps"] == 50
     assert len(resumed["intervals"]) == 2  # steps 45 and 50 only
+    # TensorBoard continues at the restored step (Keras would restart at 0).
+    events = EventAccumulator(str(out / "tensorboard" / "train"))
+    events.Reload()
+    steps = [e.step for e in events.Tensors("batch_loss")]
+    assert steps == list(range(5, 55, 5)), steps
+    # The chief exported the trained model for fine-tuning.
+    assert sorted(os.listdir(out / "export")) == [
+        "bert_config.json", "bert_pretrainer.weights.h5", "encoder.weights.h5"]
 
 
 def test_single_worker_with_eval_accumulation_and_profile(corpus, tmp_path):
