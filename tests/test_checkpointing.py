@@ -229,3 +229,39 @@ def test_export_loads_in_a_fresh_process_with_the_same_outputs(tmp_path):
     np.testing.assert_array_equal(loaded["pooled"], pooled.numpy())
     np.testing.assert_array_equal(loaded["mlm"],
                                   model(inputs)["mlm_logits"].numpy())
+
+
+def test_trainer_checkpoint_wins_over_backup_and_restore(tmp_path):
+    """BackupAndRestore holds epoch 0's end (step 4), the Trainer's checkpoint
+    step 6: the resumed run must take step 6's weights, or it would train
+    on from older weights with the newer step and end elsewhere."""
+    from tests.test_trainer import data, dataset_fn_for, make_trainer
+    x, y = data()
+    strategy = mirrored(TWO_CPUS)
+    config = dict(global_batch_size=16, save_checkpoints_steps=2, verbose=0)
+    adam = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
+
+    def run(name, callbacks=()):
+        trainer = make_trainer(strategy, TrainConfig(
+            checkpoint_dir=str(tmp_path / name), **config), adam)
+        backup = keras.callbacks.BackupAndRestore(str(tmp_path / f"b_{name}"))
+        trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=4,
+                    epochs=2, callbacks=[backup, *callbacks])
+        return trainer
+
+    full = run("full")
+
+    class Die(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            # Step 7 begins: ckpt-6 is saved, the backup still holds step 4.
+            if self.model.optimizer.iterations.numpy() == 6:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run("split", [Die()])
+    assert os.path.exists(tmp_path / "b_split")  # a backup of step 4 is there
+    resumed = run("split")
+    assert int(resumed.step.numpy()) == 8
+    for a, b in zip(values(full.model.variables),
+                    values(resumed.model.variables)):
+        np.testing.assert_array_equal(a, b)
