@@ -236,6 +236,11 @@ class CheckpointKeeper:
             self._input_checkpoint, self._input_dir,
             max_to_keep=self._max_to_keep)
 
+    def untrack_input(self) -> None:
+        """Drops the iterator (and its background threads) after `fit`."""
+        self._input_checkpoint = None
+        self._input_manager = None
+
     def restore_input(self, step: int) -> Optional[str]:
         """Restores this worker's input position saved at `step`.
 

@@ -186,6 +186,7 @@ class Trainer:
         finally:
             watch.__exit__()
             if self._keeper:
+                self._keeper.untrack_input()
                 self._keeper.close()
             if worker_dir:
                 shutil.rmtree(worker_dir, ignore_errors=True)
