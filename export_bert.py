@@ -5,10 +5,15 @@ r"""Export a tfscale BERT checkpoint for downstream use.
 
 `--checkpoint` is a checkpoint prefix or a directory (its latest checkpoint).
 Writes what `models.bert_export` describes (`bert_config.json`,
-`bert_pretrainer.weights.h5`, `encoder.weights.h5`). `run_pretraining.py`
-does the same at the end of every run, into `<output_dir>/export`.
+`bert_pretrainer.weights.h5`, `encoder.weights.h5`) and, for Google's tools
+(`run_classifier.py` and friends), a TF1 name-based `bert_model.ckpt` with
+Google's variable names, plus `vocab.txt` with `--vocab_file`.
+`run_pretraining.py` writes the Keras files at the end of every run, into
+`<output_dir>/export`.
 """
 
+import os
+import shutil
 import sys
 
 from absl import app, flags
@@ -17,6 +22,9 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory.")
 flags.DEFINE_string("bert_config_file", None, "Google bert_config.json.")
 flags.DEFINE_string("output_dir", None, "Where to write the export.")
+flags.DEFINE_bool("google_checkpoint", True,
+                  "Also write Google's TF1 name-based bert_model.ckpt.")
+flags.DEFINE_string("vocab_file", None, "Copied to the export as vocab.txt.")
 
 
 def main(argv):
@@ -25,7 +33,7 @@ def main(argv):
     for name in ("checkpoint", "bert_config_file", "output_dir"):
         if not getattr(FLAGS, name):
             sys.exit(f"export_bert: error: --{name} is required")
-    from models import bert, bert_config, bert_export
+    from models import bert, bert_checkpoints, bert_config, bert_export
     from tfscale import checkpointing
     try:
         config = bert_config.BertConfig.from_json_file(FLAGS.bert_config_file)
@@ -38,6 +46,12 @@ def main(argv):
     except checkpointing.RestoreError as e:
         sys.exit(f"export_bert: error: --checkpoint: {e}")
     bert_export.export(model, FLAGS.output_dir)
+    if FLAGS.google_checkpoint:
+        bert_checkpoints.save_google_checkpoint(
+            model, os.path.join(FLAGS.output_dir, "bert_model.ckpt"))
+    if FLAGS.vocab_file:
+        shutil.copyfile(FLAGS.vocab_file,
+                        os.path.join(FLAGS.output_dir, "vocab.txt"))
     print(f"exported {path} to {FLAGS.output_dir}")
 
 

@@ -65,9 +65,39 @@ flags.DEFINE_integer("slurm_port_base", 8888, "Port of task 0 on each SLURM node
 # Output
 flags.DEFINE_string("output_dir", None, "Checkpoints, TensorBoard, summary.")
 flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint interval.")
-flags.DEFINE_integer("log_steps", 100, "Throughput/loss log interval.")
+flags.DEFINE_integer("iterations_per_loop", 100,
+                     "Steps per host loop: the loss/throughput log interval.")
 flags.DEFINE_string("profile_steps", None, "Profile steps 'first,last'.")
 flags.DEFINE_integer("max_eval_steps", 100, "Evaluation batches.")
+# What to do (Google's names and meaning)
+flags.DEFINE_bool("do_train", True,
+                  "Train. (Google's default is False; tfscale trains unless "
+                  "--do_train=False.)")
+flags.DEFINE_bool("do_eval", False,
+                  "Evaluate at the end, on --eval_input_file or else on "
+                  "--input_file, and write eval_results.txt in --output_dir.")
+flags.DEFINE_string("init_checkpoint", None,
+                    "Initial model weights when --output_dir has no checkpoint "
+                    "yet: a tfscale checkpoint (prefix or directory); step "
+                    "and optimizer start fresh.")
+# Google's TPU flags: accepted so that Google's command lines parse.
+flags.DEFINE_bool("use_tpu", False, "TPUs are not supported (must be False).")
+flags.DEFINE_string("tpu_name", None, "Ignored (TPU).")
+flags.DEFINE_string("tpu_zone", None, "Ignored (TPU).")
+flags.DEFINE_string("gcp_project", None, "Ignored (TPU).")
+flags.DEFINE_string("master", None, "Ignored (TPU).")
+flags.DEFINE_integer("num_tpu_cores", 8, "Ignored (TPU).")
+# NVIDIA DeepLearningExamples names with the same meaning.
+flags.DEFINE_bool("use_fp16", False, "NVIDIA: same as --precision=mixed_float16.")
+flags.DEFINE_enum("optimizer_type", None, ["lamb", "adam", "adamw", "sgd"],
+                  "NVIDIA: same as --optimizer (adam: AdamW, BERT's "
+                  "AdamWeightDecay).")
+flags.DEFINE_alias("log_steps", "iterations_per_loop")
+flags.DEFINE_alias("steps_per_loop", "iterations_per_loop")
+flags.DEFINE_alias("enable_xla", "xla")
+flags.DEFINE_alias("input_files", "input_file")
+flags.DEFINE_alias("warmup_steps", "num_warmup_steps")
+flags.DEFINE_alias("model_dir", "output_dir")
 flags.DEFINE_integer("seed", 12345, "Random seed.")
 flags.DEFINE_bool("deterministic", False, "Deterministic ops and input order.")
 
@@ -89,6 +119,21 @@ def configs_from_flags():
         fail("--input_file is required")
     if not FLAGS.output_dir:
         fail("--output_dir is required")
+    if FLAGS.use_tpu:
+        fail("--use_tpu=True: TPUs are not supported; tfscale runs on GPUs and "
+             "CPUs (drop --use_tpu and the --tpu_* flags)")
+    if not (FLAGS.do_train or FLAGS.do_eval):
+        fail("at least one of --do_train or --do_eval must be True")
+    precision_name = FLAGS.precision
+    if FLAGS.use_fp16:
+        if FLAGS.precision not in ("float32", "mixed_float16"):
+            fail(f"--use_fp16 contradicts --precision={FLAGS.precision}")
+        precision_name = "mixed_float16"
+    optimizer_name = FLAGS.optimizer
+    if FLAGS.optimizer_type:
+        # NVIDIA's "adam" is BERT's AdamWeightDecay: decoupled decay, AdamW.
+        optimizer_name = {"adam": "adamw"}.get(FLAGS.optimizer_type,
+                                               FLAGS.optimizer_type)
     if FLAGS.bert_config_file:
         try:
             model = bert_config.BertConfig.from_json_file(FLAGS.bert_config_file)
@@ -112,7 +157,7 @@ def configs_from_flags():
             deterministic=FLAGS.deterministic, seed=FLAGS.seed,
             skip_corrupt=FLAGS.skip_corrupt_records)
         optim = OptimConfig(
-            optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate,
+            optimizer=optimizer_name, learning_rate=FLAGS.learning_rate,
             schedule=FLAGS.lr_schedule, warmup_steps=FLAGS.num_warmup_steps,
             total_steps=FLAGS.num_train_steps, weight_decay=FLAGS.weight_decay,
             scaling_rule=FLAGS.lr_scaling,
@@ -125,11 +170,11 @@ def configs_from_flags():
     except ValueError as e:
         fail(str(e))
     for name in ("train_batch_size", "num_train_steps", "num_accumulation_steps",
-                 "log_steps"):
+                 "iterations_per_loop"):
         if getattr(FLAGS, name) < 1:
             fail(f"--{name} must be >= 1, got {getattr(FLAGS, name)}")
     return dict(model=model, spec=spec, records=records, optim=optim,
-                cluster=cluster, profile=profile)
+                cluster=cluster, profile=profile, precision=precision_name)
 
 
 def main(argv):
@@ -140,12 +185,11 @@ def main(argv):
     import tensorflow as tf
 
     from input_pipelines import bert_records, tfrecord
-    from models import bert, bert_export
+    from models import bert, bert_checkpoints, bert_export
     from tfscale import checkpointing
     from tfscale import cluster as cluster_lib
     from tfscale import precision
     from tfscale.optim import make_optimizer
-    from tfscale.preemption import Preempted
     from tfscale.trainer import TrainConfig, Trainer
 
     try:
@@ -162,7 +206,7 @@ def main(argv):
     if FLAGS.deterministic:
         tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(FLAGS.seed)
-    precision.set_precision(FLAGS.precision)
+    precision.set_precision(cfg["precision"])
     try:
         strategy = cluster_lib.make_strategy(info, cfg["cluster"])
     except cluster_lib.ClusterError as e:
@@ -180,14 +224,15 @@ def main(argv):
         optimizer = make_optimizer(cfg["optim"], FLAGS.train_batch_size,
                                    model.trainable_variables)
         metrics = bert.pretraining_metrics()
+    checkpoint_dir = os.path.join(FLAGS.output_dir, "checkpoints")
     train_config = TrainConfig(
         global_batch_size=FLAGS.train_batch_size,
         num_accumulation_steps=FLAGS.num_accumulation_steps,
         jit_compile=FLAGS.xla, clip_global_norm=FLAGS.clip_global_norm or None,
-        precision=FLAGS.precision,
-        checkpoint_dir=os.path.join(FLAGS.output_dir, "checkpoints"),
+        precision=cfg["precision"],
+        checkpoint_dir=checkpoint_dir,
         save_checkpoints_steps=FLAGS.save_checkpoints_steps,
-        log_steps=FLAGS.log_steps, verbose=2)
+        log_steps=FLAGS.iterations_per_loop, verbose=2)
     trainer = Trainer(model=model, optimizer=optimizer,
                       loss_fn=bert.pretraining_loss, strategy=strategy,
                       config=train_config, metrics=metrics,
@@ -202,9 +247,72 @@ def main(argv):
     callbacks = [intervals, keras.callbacks.TerminateOnNaN(),
                  keras.callbacks.TensorBoard(
                      os.path.join(FLAGS.output_dir, "tensorboard"),
-                     update_freq=FLAGS.log_steps,
+                     update_freq=FLAGS.iterations_per_loop,
                      profile_batch=cfg["profile"] or 0)]
     start = time.perf_counter()
+    initial = None
+    try:
+        if FLAGS.init_checkpoint and not tf.train.latest_checkpoint(
+                checkpoint_dir):
+            initial = load_initial_weights(model, FLAGS.init_checkpoint, tf)
+        elif not FLAGS.do_train:
+            initial = checkpointing.restore_model(model, checkpoint_dir)
+    except (checkpointing.RestoreError,
+            bert_checkpoints.GoogleCheckpointError) as e:
+        fail(f"--init_checkpoint: {e}" if FLAGS.init_checkpoint else
+             f"--do_train=False needs --init_checkpoint or a checkpoint in "
+             f"--output_dir: {e}")
+    if initial and info.is_chief:
+        print(f"tfscale: model weights from {initial}", flush=True)
+    if FLAGS.do_train:
+        train(trainer, dataset_fn, callbacks, cfg, tf)
+    else:
+        trainer.step.assign(checkpointing.checkpoint_step(initial))
+    elapsed = time.perf_counter() - start
+    results = {"steps": int(trainer.step.numpy()),
+               "global_batch_size": FLAGS.train_batch_size,
+               "num_workers": info.num_workers, "replicas": replicas,
+               "wall_seconds": elapsed, "intervals": intervals.rows,
+               "checkpoint": trainer.checkpoint_path or initial}
+    if FLAGS.do_eval or FLAGS.eval_input_file:
+        # Google's script evaluates on --input_file when there is nothing else.
+        eval_records = tfrecord.TFRecordConfig(
+            FLAGS.eval_input_file or FLAGS.input_file, training=False)
+        eval_fn = bert_records.make_dataset_fn(
+            eval_records, cfg["spec"], max(1, FLAGS.eval_batch_size // replicas))
+        results["eval"] = trainer.evaluate(eval_fn, steps=FLAGS.max_eval_steps)
+        if info.is_chief:
+            write_eval_results(FLAGS.output_dir, results["steps"],
+                               results["eval"])
+    if info.is_chief:
+        if FLAGS.do_train:
+            results["export"] = bert_export.export(
+                model, os.path.join(FLAGS.output_dir, "export"))
+        with open(os.path.join(FLAGS.output_dir, "summary.json"), "w") as f:
+            json.dump(results, f, indent=2)
+        print(final_summary(results), flush=True)
+
+
+def load_initial_weights(model, path: str, tf) -> str:
+    """--init_checkpoint: Google's TF1 name-based checkpoint (bert_model.ckpt)
+    or a tfscale checkpoint (prefix or directory); model weights only."""
+    from models import bert_checkpoints
+    from tfscale import checkpointing
+    prefix = tf.train.latest_checkpoint(path) if tf.io.gfile.isdir(path) else path
+    try:
+        name_based = bool(prefix) and bert_checkpoints.is_name_based(prefix)
+    except (tf.errors.OpError, ValueError):
+        raise checkpointing.RestoreError(f"no checkpoint at {path}") from None
+    if name_based:
+        return bert_checkpoints.load_google_checkpoint(model, prefix)
+    return checkpointing.restore_model(model, path)
+
+
+def train(trainer, dataset_fn, callbacks, cfg, tf):
+    """trainer.fit with run_pretraining's error handling."""
+    from input_pipelines import bert_records, tfrecord
+    from tfscale import checkpointing
+    from tfscale.preemption import Preempted
     try:
         trainer.fit(dataset_fn, steps_per_epoch=FLAGS.num_train_steps,
                     epochs=1, callbacks=callbacks)
@@ -220,24 +328,25 @@ def main(argv):
             bert_records.make_parse_fn(cfg["spec"]))
         fail(f"bad input record: {culprit}" if culprit else
              e.message.strip().splitlines()[0])
-    elapsed = time.perf_counter() - start
-    results = {"steps": int(trainer.step.numpy()),
-               "global_batch_size": FLAGS.train_batch_size,
-               "num_workers": info.num_workers, "replicas": replicas,
-               "wall_seconds": elapsed, "intervals": intervals.rows,
-               "checkpoint": trainer.checkpoint_path}
-    if FLAGS.eval_input_file:
-        eval_records = tfrecord.TFRecordConfig(FLAGS.eval_input_file,
-                                               training=False)
-        eval_fn = bert_records.make_dataset_fn(
-            eval_records, cfg["spec"], max(1, FLAGS.eval_batch_size // replicas))
-        results["eval"] = trainer.evaluate(eval_fn, steps=FLAGS.max_eval_steps)
-    if info.is_chief:
-        results["export"] = bert_export.export(
-            model, os.path.join(FLAGS.output_dir, "export"))
-        with open(os.path.join(FLAGS.output_dir, "summary.json"), "w") as f:
-            json.dump(results, f, indent=2)
-        print(final_summary(results), flush=True)
+
+
+# Google's eval_results.txt keys <- tfscale's evaluation logs.
+GOOGLE_EVAL_KEYS = {"loss": "loss", "masked_lm_accuracy": "mlm_accuracy",
+                    "masked_lm_loss": "mlm_loss",
+                    "next_sentence_accuracy": "nsp_accuracy",
+                    "next_sentence_loss": "nsp_loss"}
+
+
+def write_eval_results(output_dir: str, global_step: int, logs: dict) -> str:
+    """`eval_results.txt` as Google's run_pretraining.py writes it."""
+    values = {"global_step": global_step}
+    values.update({google: logs[ours]
+                   for google, ours in GOOGLE_EVAL_KEYS.items()})
+    path = os.path.join(output_dir, "eval_results.txt")
+    with open(path, "w") as f:
+        for key in sorted(values):
+            f.write(f"{key} = {values[key]}\n")
+    return path
 
 
 class IntervalLog(keras.callbacks.Callback):
@@ -266,7 +375,7 @@ def run_summary(info, strategy, trainer, cfg, model) -> str:
         f"{cfg['model'].num_hidden_layers} layers, hidden "
         f"{cfg['model'].hidden_size}, vocab {cfg['model'].vocab_size}, "
         f"{params / 1e6:.2f}M parameters",
-        f"  precision {FLAGS.precision}, XLA {'on' if FLAGS.xla else 'off'}, "
+        f"  precision {cfg['precision']}, XLA {'on' if FLAGS.xla else 'off'}, "
         f"all-reduce {FLAGS.all_reduce_alg}",
         f"  optimizer {optim.optimizer}, lr {optim.learning_rate:g} "
         f"({optim.schedule}, warmup {optim.warmup_steps}, scaling "

@@ -20,8 +20,16 @@ def _init(config: BertConfig):
     return keras.initializers.TruncatedNormal(stddev=config.initializer_range)
 
 
+def gelu_tanh(x):
+    """Google BERT's `gelu` (`modeling.gelu`): the tanh approximation,
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Keras's default `gelu`
+    is the exact erf form, which a Google checkpoint was not trained with."""
+    return keras.activations.gelu(x, approximate=True)
+
+
 def _activation(name):
-    return {"gelu": keras.activations.gelu, "gelu_new": keras.activations.gelu,
+    # Google's "gelu" and Hugging Face's "gelu_new" are both the tanh form.
+    return {"gelu": gelu_tanh, "gelu_new": gelu_tanh,
             "relu": keras.activations.relu, "tanh": keras.activations.tanh}[name]
 
 
@@ -278,5 +286,18 @@ class MaskedLMLoss(keras.metrics.Mean):
         return super().update_state(mlm, sample_weight=weights)
 
 
+class NextSentenceLoss(keras.metrics.Mean):
+    """The next-sentence part of the loss alone."""
+
+    def __init__(self, name="nsp_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        return super().update_state(keras.losses.sparse_categorical_crossentropy(
+            ops.reshape(y_true["next_sentence_labels"], (-1,)),
+            y_pred["nsp_logits"], from_logits=True))
+
+
 def pretraining_metrics():
-    return [MaskedLMLoss(), MaskedLMAccuracy(), NextSentenceAccuracy()]
+    return [MaskedLMLoss(), MaskedLMAccuracy(), NextSentenceAccuracy(),
+            NextSentenceLoss()]

@@ -183,3 +183,16 @@ def test_google_records_and_ours_parse_alike():
     for key in a_labels:
         np.testing.assert_array_equal(a_labels[key], b_labels[key])
     assert ours == google_style_record()
+
+
+def test_gelu_is_googles_tanh_approximation():
+    """Google's `hidden_act: "gelu"` (modeling.gelu), not Keras's erf form."""
+    model = bert.make_pretrainer(tiny(), 32, 5)
+    activation = model.encoder.layer_0.intermediate.activation
+    x = np.linspace(-4, 4, 81).astype("float32")
+    google = 0.5 * x * (1.0 + np.tanh(np.sqrt(2 / np.pi) *
+                                      (x + 0.044715 * x ** 3)))
+    np.testing.assert_allclose(np.asarray(activation(x)), google, rtol=1e-5,
+                               atol=1e-6)
+    erf = np.asarray(keras.activations.gelu(x))
+    assert np.abs(erf - google).max() > 1e-4  # the two forms do differ here

@@ -81,8 +81,8 @@ def test_lamb_config_round_trip():
 def test_polynomial_schedule_boundaries():
     s = WarmupPolynomialDecay(1.0, warmup_steps=10, total_steps=100,
                               end_learning_rate=0.0, power=1.0)
-    assert float(s(0)) == pytest.approx(0.1)
-    assert float(s(9)) == pytest.approx(1.0)
+    assert float(s(0)) == 0.0  # Google's: the first update has rate 0
+    assert float(s(9)) == pytest.approx(0.9)
     # Google's BERT: decay measured from step 0, warmup overrides it.
     assert float(s(10)) == pytest.approx(0.9)
     assert float(s(55)) == pytest.approx(0.45)
@@ -95,7 +95,7 @@ def test_polynomial_schedule_boundaries():
 def test_cosine_schedule_boundaries():
     s = WarmupCosineDecay(2.0, warmup_steps=4, total_steps=104,
                           end_learning_rate=0.2)
-    assert float(s(1)) == pytest.approx(1.0)
+    assert float(s(1)) == pytest.approx(0.5)
     assert float(s(4)) == pytest.approx(2.0)
     assert float(s(54)) == pytest.approx(0.2 + 1.8 * 0.5)
     assert float(s(104)) == pytest.approx(0.2)
@@ -143,3 +143,35 @@ def test_optim_config_rejects_bad_values():
         OptimConfig(optimizer="adagrad")
     with pytest.raises(ValueError, match="warmup_steps"):
         OptimConfig(warmup_steps=20, total_steps=10)
+
+
+def google_learning_rate(t, init_lr, num_train_steps, num_warmup_steps):
+    """Google BERT's optimization.create_optimizer, written out in NumPy."""
+    decayed = init_lr * (1.0 - min(t, num_train_steps) / num_train_steps)
+    if t < num_warmup_steps:
+        return init_lr * t / num_warmup_steps
+    return decayed
+
+
+def test_polynomial_schedule_matches_google_at_every_step():
+    s = WarmupPolynomialDecay(2e-5, warmup_steps=10, total_steps=20)
+    ours = [float(s(t)) for t in range(25)]
+    google = [google_learning_rate(t, 2e-5, 20, 10) for t in range(25)]
+    np.testing.assert_allclose(ours, google, rtol=1e-6, atol=1e-12)
+    assert ours[0] == 0.0 and max(ours) == pytest.approx(2e-5)
+    assert ours.index(max(ours)) == 10  # the peak at t = W, not W - 1
+
+
+def test_optimizer_applies_the_rate_of_its_iteration_count():
+    """The rate used by update t is the schedule at optimizer.iterations = t."""
+    s = WarmupPolynomialDecay(1.0, warmup_steps=4, total_steps=8)
+    var = keras.Variable(np.zeros(1, "float32"))
+    opt = keras.optimizers.SGD(learning_rate=s)
+    steps = []
+    for t in range(6):
+        before = float(var.numpy()[0])
+        opt.apply([np.ones(1, "float32")], [var])
+        steps.append(before - float(var.numpy()[0]))  # = rate (gradient 1)
+    np.testing.assert_allclose(
+        steps, [google_learning_rate(t, 1.0, 8, 4) for t in range(6)],
+        rtol=1e-6, atol=1e-7)

@@ -106,10 +106,27 @@ def _key(path) -> str:
 
 
 def _checkpoint_graph(path: str):
-    reader = tf.train.load_checkpoint(path)
+    try:
+        reader = tf.train.load_checkpoint(path)
+    except (tf.errors.OpError, ValueError):
+        raise RestoreError(f"no checkpoint at {path}") from None
+    if not reader.has_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"):
+        raise RestoreError(
+            f"{path} is a name-based (TF1) checkpoint, such as Google's "
+            f"bert_model.ckpt; tfscale reads object-based (TF2) checkpoints "
+            f"only")
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
     return graph, reader.get_variable_to_shape_map()
+
+
+def checkpoint_step(path: Optional[str]) -> int:
+    """The training step a tfscale checkpoint was written at (0 if none)."""
+    if not path:
+        return 0
+    reader = tf.train.load_checkpoint(path)
+    key = "step/.ATTRIBUTES/VARIABLE_VALUE"
+    return int(reader.get_tensor(key)) if reader.has_tensor(key) else 0
 
 
 def check_restorable(root, path: str, *, optional: Tuple[str, ...] = ()):

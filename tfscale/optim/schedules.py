@@ -19,8 +19,10 @@ def _check(peak_learning_rate, warmup_steps, total_steps):
 
 
 def _warmup(step, peak, warmup_steps):
-    # (step + 1): the first update uses a non-zero rate.
-    return peak * (step + 1.0) / max(1.0, float(warmup_steps))
+    # Google's optimization.py and Model Garden's WarmUp: the update taken at
+    # step t (0-based: optimizer.iterations before it) uses peak * t / W, so
+    # the very first update has rate 0 and the peak is reached at t = W.
+    return peak * step / max(1.0, float(warmup_steps))
 
 
 @keras.saving.register_keras_serializable(package="tfscale")
@@ -31,8 +33,11 @@ class WarmupPolynomialDecay(keras.optimizers.schedules.LearningRateSchedule):
     from step 0 over `total_steps` and warmup overrides its first steps, so a
     command line that carries over gives the same rates:
 
-        step < warmup_steps: peak * (step + 1) / warmup_steps
+        step < warmup_steps: peak * step / warmup_steps
         otherwise: (peak - end) * (1 - min(step, total) / total)**power + end
+
+    `step` is the optimizer's iteration count when the update is applied
+    (0 for the first update), as `global_step` is in Google's code.
     """
 
     def __init__(self, peak_learning_rate, warmup_steps, total_steps,
