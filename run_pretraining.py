@@ -203,6 +203,7 @@ def main(argv):
             slurm_port_base=cfg["cluster"].slurm_port_base)
     except cluster_lib.ClusterError as e:
         fail(str(e))
+    tf.io.gfile.makedirs(FLAGS.output_dir)  # also when only evaluating
     if FLAGS.deterministic:
         tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(FLAGS.seed)

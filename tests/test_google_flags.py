@@ -1,13 +1,16 @@
 """Google's and NVIDIA's run_pretraining.py command lines carry over.
 
-Google's README pretraining command (minus its TF1 `--init_checkpoint`) runs
-unchanged and writes Google's `eval_results.txt`; an eval-only run from the
-checkpoint (with NVIDIA's flag names) reproduces the same metrics; TPU flags
-and TF1 checkpoints are one-line errors.
+Google's README pretraining command runs unchanged and writes Google's
+`eval_results.txt`; an eval-only run from the checkpoint (with NVIDIA's flag
+names) reproduces the same metrics; a TF1 checkpoint with Google's names
+evaluates exactly as a NumPy implementation of Google's model on the same
+records; `--use_tpu=True` and a checkpoint of another vocabulary are one-line
+errors.
 """
 
 import sys
 
+import numpy as np
 import pytest
 
 from tests.conftest import run_command
@@ -74,19 +77,67 @@ def test_use_tpu_is_a_one_line_error(corpus, tmp_path):  # noqa: F811
         "run_pretraining: error: --use_tpu=True: TPUs are not supported")
 
 
-def test_tf1_init_checkpoint_is_a_one_line_error(corpus, tmp_path):  # noqa: F811
+def eval_records(path, max_seq_length=32, max_predictions_per_seq=5):
     import tensorflow as tf
-    prefix = str(tmp_path / "bert_model.ckpt")
-    with tf.Graph().as_default():
-        tf.compat.v1.get_variable("bert/embeddings/word_embeddings", [8, 4])
-        saver = tf.compat.v1.train.Saver()
-        with tf.compat.v1.Session() as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            saver.save(session, prefix)
+    from input_pipelines import bert_records
+    spec = bert_records.BertRecordSpec(max_seq_length, max_predictions_per_seq)
+    parse = bert_records.make_parse_fn(spec)
+    batches = []
+    for serialized in tf.data.TFRecordDataset(path).batch(32):
+        inputs, labels = parse(serialized)
+        batches.append({k: v.numpy() for k, v in {**inputs, **labels}.items()})
+    return batches
+
+
+def test_google_tf1_checkpoint_evaluates_as_the_numpy_reference(
+        corpus, tmp_path):  # noqa: F811
+    from models import bert_config
+    from tests import google_bert_reference as reference
+    config = bert_config.BertConfig.from_json_file(
+        str(corpus / "bert_config.json"))
+    values = reference.random_google_weights(config, seed=3)
+    prefix = reference.write_tf1_checkpoint(values,
+                                            str(tmp_path / "bert_model.ckpt"))
+    records = corpus / "records" / "train-00000-of-00004.tfrecord"
+    out = tmp_path / "eval"
     code, output = run_command(
-        google_command(corpus, tmp_path / "out", f"--init_checkpoint={prefix}"),
+        [sys.executable, "run_pretraining.py", f"--input_file={records}",
+         f"--output_dir={out}", "--do_train=False", "--do_eval=True",
+         f"--init_checkpoint={prefix}",
+         f"--bert_config_file={corpus}/bert_config.json",
+         "--max_seq_length=32", "--max_predictions_per_seq=5",
+         "--max_eval_steps=100000"], timeout=300)
+    assert code == 0, output[-5000:]
+    _, ours = read_eval_results(out / "eval_results.txt")
+    expected = reference.eval_metrics(values, config, eval_records(records))
+    for key, value in expected.items():
+        assert ours[key] == pytest.approx(value, rel=1e-4), key
+
+    # Another vocabulary: one line naming the variable and both shapes.
+    other = dict(values)
+    other["bert/embeddings/word_embeddings"] = np.zeros(
+        (config.vocab_size + 8, config.hidden_size), "float32")
+    wrong = reference.write_tf1_checkpoint(other, str(tmp_path / "other.ckpt"))
+    code, output = run_command(
+        google_command(corpus, tmp_path / "bad", f"--init_checkpoint={wrong}"),
         timeout=200)
     assert code != 0
     last = output.strip().splitlines()[-1]
     assert last.startswith("run_pretraining: error: --init_checkpoint: ")
-    assert "name-based (TF1) checkpoint" in last
+    assert (f"bert/embeddings/word_embeddings has shape "
+            f"[{config.vocab_size + 8}, {config.hidden_size}] in the checkpoint "
+            f"but [{config.vocab_size}, {config.hidden_size}]") in last
+
+
+def test_google_command_on_two_workers_writes_eval_results_once(
+        corpus, tmp_path):  # noqa: F811
+    from tests.conftest import run_workers
+    out = tmp_path / "two"
+    command = google_command(corpus, out)
+    command[command.index(
+        f"--input_file={corpus}/records/train-00000-of-00004.tfrecord")] = (
+        f"--input_file={corpus}/records/train-*.tfrecord")
+    _, output = run_workers(2, ["run_pretraining", *command[2:]], timeout=400)
+    keys, results = read_eval_results(out / "eval_results.txt")
+    assert keys == GOOGLE_KEYS and results["global_step"] == 20
+    assert output.count("tfscale run_pretraining done") == 1  # chief only
