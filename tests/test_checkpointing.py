@@ -266,3 +266,44 @@ def test_trainer_checkpoint_wins_over_backup_and_restore(tmp_path):
     for a, b in zip(values(full.model.variables),
                     values(resumed.model.variables)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_export_command_writes_keras_files_and_googles_checkpoint(tmp_path):
+    import subprocess
+    import sys
+    from models import bert_checkpoints, bert_export
+    from tests.conftest import REPO
+    strategy = mirrored(ONE_CPU)
+    trainer = bert_trainer(strategy, str(tmp_path / "ckpt"))
+    trainer.fit(shuffled_fn(trainer), steps_per_epoch=1)
+    (tmp_path / "bert_config.json").write_text(
+        __import__("json").dumps(tiny().to_dict()))
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    out = tmp_path / "export"
+    done = subprocess.run(
+        [sys.executable, "export_bert.py", f"--checkpoint={tmp_path}/ckpt",
+         f"--bert_config_file={tmp_path}/bert_config.json",
+         f"--vocab_file={tmp_path}/vocab.txt", f"--output_dir={out}"],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), timeout=120,
+        capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(os.listdir(out)) == sorted([
+        "bert_config.json", "bert_pretrainer.weights.h5", "encoder.weights.h5",
+        "vocab.txt", "checkpoint", "bert_model.ckpt.index",
+        "bert_model.ckpt.data-00000-of-00001"])
+    from_keras = bert_export.load_pretrainer(str(out), SEQ, PRED)
+    from_google = bert.make_pretrainer(tiny(), SEQ, PRED)
+    bert_checkpoints.load_google_checkpoint(from_google,
+                                            str(out / "bert_model.ckpt"))
+    for a, b, c in zip(values(trainer.model.weights),
+                       values(from_keras.weights), values(from_google.weights)):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+    bad = subprocess.run(
+        [sys.executable, "export_bert.py", f"--checkpoint={tmp_path}/nothing",
+         f"--bert_config_file={tmp_path}/bert_config.json",
+         f"--output_dir={out}"], cwd=REPO, timeout=120, capture_output=True,
+        text=True, env=dict(os.environ, PYTHONPATH=REPO))
+    assert bad.returncode != 0
+    assert bad.stderr.strip().splitlines()[-1].startswith(
+        "export_bert: error: --checkpoint: ")
