@@ -70,6 +70,12 @@ def values(variables):
     return [np.array(v.numpy()) for v in variables]
 
 
+def assert_bit_identical(variables, others):
+    assert len(variables) == len(others)
+    for a, b in zip(values(variables), values(others)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_bert_checkpoint_restores_every_weight_into_a_fresh_model(tmp_path):
     strategy = mirrored(ONE_CPU)
     trainer = bert_trainer(strategy, str(tmp_path))
@@ -108,12 +114,8 @@ def test_resume_with_dropout_and_shuffled_input_is_bit_identical(tmp_path):
                           save_checkpoints_steps=3)
     second.fit(shuffled_fn(second), steps_per_epoch=6)
     assert int(second.step.numpy()) == 6
-    for a, b in zip(values(full.model.variables),
-                    values(second.model.variables)):
-        np.testing.assert_array_equal(a, b)
-    for a, b in zip(values(full.optimizer.variables),
-                    values(second.optimizer.variables)):
-        np.testing.assert_array_equal(a, b)
+    assert_bit_identical(full.model.variables, second.model.variables)
+    assert_bit_identical(full.optimizer.variables, second.optimizer.variables)
     assert checkpointing.input_state_steps(str(tmp_path / "split"), 0, 1) == [
         3, 6]
 
@@ -159,9 +161,7 @@ def test_layers_in_a_plain_list_are_still_in_the_training_checkpoint(tmp_path):
     resumed = make(2)  # other initial weights, BatchNorm statistics, seeds
     resumed.fit(dataset_fn(resumed), steps_per_epoch=3)  # nothing left to do
     assert int(resumed.step.numpy()) == 3
-    for a, b in zip(values(trained.model.variables),
-                    values(resumed.model.variables)):
-        np.testing.assert_array_equal(a, b)
+    assert_bit_identical(trained.model.variables, resumed.model.variables)
 
 
 def test_incompatible_checkpoint_names_the_variable_and_both_shapes(tmp_path):
@@ -190,8 +190,7 @@ def test_restore_model_from_a_directory_restores_every_weight(tmp_path):
     fresh = bert.make_pretrainer(tiny(), SEQ, PRED)
     path = checkpointing.restore_model(fresh, str(tmp_path))
     assert os.path.basename(path) == "ckpt-1"
-    for a, b in zip(values(trainer.model.weights), values(fresh.weights)):
-        np.testing.assert_array_equal(a, b)
+    assert_bit_identical(trainer.model.weights, fresh.weights)
 
 
 LOAD_EXPORT = """
@@ -263,9 +262,7 @@ def test_trainer_checkpoint_wins_over_backup_and_restore(tmp_path):
     assert os.path.exists(tmp_path / "b_split")  # a backup of step 4 is there
     resumed = run("split")
     assert int(resumed.step.numpy()) == 8
-    for a, b in zip(values(full.model.variables),
-                    values(resumed.model.variables)):
-        np.testing.assert_array_equal(a, b)
+    assert_bit_identical(full.model.variables, resumed.model.variables)
 
 
 def test_export_command_writes_keras_files_and_googles_checkpoint(tmp_path):
@@ -295,10 +292,8 @@ def test_export_command_writes_keras_files_and_googles_checkpoint(tmp_path):
     from_google = bert.make_pretrainer(tiny(), SEQ, PRED)
     bert_checkpoints.load_google_checkpoint(from_google,
                                             str(out / "bert_model.ckpt"))
-    for a, b, c in zip(values(trainer.model.weights),
-                       values(from_keras.weights), values(from_google.weights)):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(a, c)
+    assert_bit_identical(trainer.model.weights, from_keras.weights)
+    assert_bit_identical(trainer.model.weights, from_google.weights)
     bad = subprocess.run(
         [sys.executable, "export_bert.py", f"--checkpoint={tmp_path}/nothing",
          f"--bert_config_file={tmp_path}/bert_config.json",
