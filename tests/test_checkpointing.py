@@ -302,3 +302,13 @@ def test_export_command_writes_keras_files_and_googles_checkpoint(tmp_path):
     assert bad.returncode != 0
     assert bad.stderr.strip().splitlines()[-1].startswith(
         "export_bert: error: --checkpoint: ")
+
+
+def test_phase_one_checkpoint_initialises_a_longer_sequence_phase_two(tmp_path):
+    """NVIDIA's two-phase recipe: seq 16 here stands for 128, 32 for 512."""
+    trainer = bert_trainer(mirrored(ONE_CPU), str(tmp_path))
+    trainer.fit(shuffled_fn(trainer), steps_per_epoch=1)
+    keras.utils.set_random_seed(11)
+    phase_two = bert.make_pretrainer(tiny(), 2 * SEQ, PRED + 2)
+    checkpointing.restore_model(phase_two, str(tmp_path))
+    assert_bit_identical(trainer.model.weights, phase_two.weights)
