@@ -10,7 +10,7 @@ Records written by Google's tool, NVIDIA's, or ours are interchangeable.
 """
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional
 
 import tensorflow as tf
 
@@ -53,8 +53,55 @@ def feature_spec(spec: BertRecordSpec) -> dict:
     }
 
 
-def to_model_inputs(features: dict):
-    """Parsed batch -> (inputs, labels), ints as int32 (as Google's reader)."""
+# The flag (and spec field) that fixes each feature's length.
+LENGTH_FLAGS = {"input_ids": "max_seq_length", "input_mask": "max_seq_length",
+                "segment_ids": "max_seq_length",
+                "masked_lm_positions": "max_predictions_per_seq",
+                "masked_lm_ids": "max_predictions_per_seq",
+                "masked_lm_weights": "max_predictions_per_seq"}
+
+
+@dataclasses.dataclass(frozen=True)
+class IdLimits:
+    """Exclusive upper bounds of the records' ids, from the model's config.
+
+    An id out of range fails on a CPU but, on a GPU, an embedding lookup
+    returns zeros and training goes on silently, so the pipeline checks.
+    """
+
+    vocab_size: int
+    type_vocab_size: int
+
+
+def _bounds(spec: BertRecordSpec, limits: IdLimits) -> dict:
+    """feature -> (exclusive bound, what sets it)."""
+    return {"input_ids": (limits.vocab_size, "the model's vocab_size"),
+            "masked_lm_ids": (limits.vocab_size, "the model's vocab_size"),
+            "segment_ids": (limits.type_vocab_size,
+                            "the model's type_vocab_size"),
+            "masked_lm_positions": (spec.max_seq_length,
+                                    "--max_seq_length")}
+
+
+def to_model_inputs(features: dict, spec: Optional[BertRecordSpec] = None,
+                    limits: Optional[IdLimits] = None):
+    """Parsed batch -> (inputs, labels), ints as int32 (as Google's reader).
+
+    With `limits`, fails (tf.errors.InvalidArgumentError naming the feature)
+    if any id is negative or out of range: one max and one min per feature
+    per parsed chunk, next to nothing beside the parse.
+    """
+    if limits is not None:
+        checks = []
+        for name, (bound, source) in _bounds(spec, limits).items():
+            values = features[name]
+            checks.append(tf.debugging.Assert(
+                tf.logical_and(tf.reduce_max(values) < bound,
+                               tf.reduce_min(values) >= 0),
+                [f"{name} holds ids outside [0, {bound}) ({source}); "
+                 "largest:", tf.reduce_max(values)], summarize=1))
+        with tf.control_dependencies(checks):
+            features = {k: tf.identity(v) for k, v in features.items()}
     cast = {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v
             for k, v in features.items()}
     inputs = {k: cast[k] for k in MODEL_INPUTS}
@@ -62,14 +109,86 @@ def to_model_inputs(features: dict):
     return inputs, labels
 
 
-def make_parse_fn(spec: BertRecordSpec):
-    return tfrecord.make_parse_fn(feature_spec(spec), to_model_inputs)
+def make_parse_fn(spec: BertRecordSpec, limits: Optional[IdLimits] = None):
+    return tfrecord.make_parse_fn(
+        feature_spec(spec), lambda f: to_model_inputs(f, spec, limits))
+
+
+def describe_record(record: bytes, spec: BertRecordSpec,
+                    limits: Optional[IdLimits] = None) -> Optional[str]:
+    """What is wrong with one serialized record, in the user's terms (which
+    feature has how many values, which flag expects how many), or None."""
+    try:
+        example = tf.train.Example.FromString(record)
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError and friends
+        return "not a tf.train.Example"
+    features = example.features.feature
+    expected = feature_spec(spec)
+    for name, feature_def in expected.items():
+        if name not in features:
+            return (f"no feature {name!r} (has {sorted(features)}); not a "
+                    "BERT pretraining record?")
+        kind = "float_list" if feature_def.dtype == tf.float32 else "int64_list"
+        values = getattr(features[name], kind).value
+        if len(values) != feature_def.shape[0]:
+            if features[name].WhichOneof("kind") != kind:
+                return (f"feature {name!r} is a "
+                        f"{features[name].WhichOneof('kind')}, expected {kind}")
+            flag = LENGTH_FLAGS.get(name)
+            wanted = (f"--{flag}={getattr(spec, flag)} expects "
+                      f"{feature_def.shape[0]}" if flag else
+                      f"expected {feature_def.shape[0]}")
+            return (f"{name} has {len(values)} values per record, but "
+                    f"{wanted} (records written for another {flag or 'spec'}?)")
+    if limits is not None:
+        for name, (bound, source) in _bounds(spec, limits).items():
+            values = features[name].int64_list.value
+            if values and (max(values) >= bound or min(values) < 0):
+                bad = max(values) if max(values) >= bound else min(values)
+                return (f"{name} holds id {bad}, outside [0, {bound}) of "
+                        f"{source} (records made with another vocabulary or "
+                        "--bert_config_file?)")
+    return None
+
+
+def check_first_record(files, spec: BertRecordSpec,
+                       limits: Optional[IdLimits] = None,
+                       compression_type: Optional[str] = None) -> None:
+    """Reads one record of the first file and checks it against the spec and
+    the model: a wrong length or vocabulary fails here, before training.
+
+    Raises:
+        tfrecord.InputError: "FILE: <problem>"; an empty first file is
+            allowed (other files may hold records).
+    """
+    name = files[0]
+    try:
+        first = next(iter(tf.data.TFRecordDataset(
+            name, compression_type=compression_type).take(1)), None)
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+        raise tfrecord.InputError(
+            f"{name}: {e.message.strip().splitlines()[0]}") from None
+    if first is None:
+        return
+    problem = describe_record(first.numpy(), spec, limits)
+    if problem:
+        raise tfrecord.InputError(f"{name}: record 0: {problem}")
+
+
+def find_bad_record(files, spec: BertRecordSpec,
+                    limits: Optional[IdLimits] = None,
+                    compression_type: Optional[str] = None) -> Optional[str]:
+    """`tfrecord.find_bad_record` with BERT's parse and its descriptions."""
+    return tfrecord.find_bad_record(
+        files, make_parse_fn(spec, limits), compression_type,
+        describe=lambda record: describe_record(record, spec, limits))
 
 
 def make_dataset_fn(records: tfrecord.TFRecordConfig, spec: BertRecordSpec,
-                    per_replica_batch_size: int) -> Callable:
+                    per_replica_batch_size: int,
+                    limits: Optional[IdLimits] = None) -> Callable:
     """`fn(InputContext) -> dataset` of per-replica BERT batches."""
-    parse = make_parse_fn(spec)
+    parse = make_parse_fn(spec, limits)
     # Fail now, on the host, naming the pattern, rather than inside tf.data.
     tfrecord.expand_files(records.input_files)
 

@@ -84,13 +84,28 @@ class TFRecordConfig:
     threadpool_size: Optional[int] = None
     autotune_ram_budget: Optional[int] = None
 
+    def __post_init__(self):
+        for name in ("cycle_length", "block_length", "parse_chunk_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.shuffle_buffer_size < 0:
+            raise ValueError("shuffle_buffer_size must be >= 0, got "
+                             f"{self.shuffle_buffer_size}")
+        if self.num_parallel_reads not in (None, AUTOTUNE) and (
+                self.num_parallel_reads < 1):
+            raise ValueError("num_parallel_reads must be None, AUTOTUNE or "
+                             f">= 1, got {self.num_parallel_reads}")
+        if self.compression_type not in (None, "", "GZIP", "ZLIB"):
+            raise ValueError("compression_type must be None, 'GZIP' or "
+                             f"'ZLIB', got {self.compression_type!r}")
+
 
 def expand_files(input_files: Union[str, Sequence[str]]) -> list:
     """Globs and comma lists -> sorted unique file names.
 
     Raises:
-        InputError: A pattern matches no file (naming the pattern), or no
-            pattern was given.
+        InputError: A pattern matches no file or a directory (naming it), or
+            no pattern was given.
     """
     if isinstance(input_files, str):
         input_files = [input_files]
@@ -103,6 +118,11 @@ def expand_files(input_files: Union[str, Sequence[str]]) -> list:
         matched = tf.io.gfile.glob(pattern)
         if not matched:
             raise InputError(f"no files match input pattern {pattern!r}")
+        for name in matched:
+            if tf.io.gfile.isdir(name):
+                raise InputError(
+                    f"{name} is a directory, not a record file; name the "
+                    f"files, e.g. '{name.rstrip('/')}/*.tfrecord'")
         files.extend(matched)
     return sorted(set(files))
 
@@ -214,16 +234,26 @@ def dataset_options(deterministic: bool, threadpool_size: Optional[int] = None,
 
 
 def find_bad_record(files: Sequence[str], parse_fn: Optional[Callable] = None,
-                    compression_type: Optional[str] = None) -> Optional[str]:
+                    compression_type: Optional[str] = None,
+                    describe: Optional[Callable[[bytes], Optional[str]]] = None
+                    ) -> Optional[str]:
     """Scans `files` in order; describes the first unreadable record.
 
     TensorFlow's errors say "corrupted record at <offset>" or "Key: x ...
     Number of values != expected" without the file. Called after such an
     error, this names it (and, through the parse error, the feature).
 
+    Args:
+        files: Record files, in the order to scan.
+        parse_fn: The pipeline's batched parse; its errors count as bad.
+        compression_type: As in `TFRecordConfig`.
+        describe: `fn(serialized record) -> problem or None`, to say what
+            is wrong with a record in a batch that failed to parse in words
+            the user knows (which flag expects what) rather than TF's.
+
     Returns:
-        "FILE: in records N-M: <what is wrong>", or None if every record reads and
-        parses.
+        "FILE: record N: <problem>" (or "in records N-M: <TF's message>"),
+        or None if every record reads and parses.
     """
     for name in files:
         count = 0
@@ -231,9 +261,27 @@ def find_bad_record(files: Sequence[str], parse_fn: Optional[Callable] = None,
             ds = tf.data.TFRecordDataset(name, compression_type=compression_type)
             for batch in ds.batch(256):
                 if parse_fn is not None:
-                    parse_fn(batch)
+                    try:
+                        parse_fn(batch)
+                    except tf.errors.InvalidArgumentError:
+                        problem = _describe_batch(batch, describe)
+                        if problem:
+                            index, text = problem
+                            return f"{name}: record {count + index}: {text}"
+                        raise
                 count += int(batch.shape[0])
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
             message = e.message.strip().splitlines()[0]
             return f"{name}: in records {count}-{count + 255}: {message}"
+    return None
+
+
+def _describe_batch(batch, describe):
+    """(index, problem) of the first record `describe` objects to, or None."""
+    if describe is None:
+        return None
+    for index, record in enumerate(batch.numpy()):
+        problem = describe(record)
+        if problem:
+            return index, problem
     return None

@@ -118,11 +118,17 @@ def last_line(output):
 @pytest.mark.parametrize("flag, expected", [
     ("--model=bert_huge", "--model"),
     ("--num_accumulation_steps=3",
-     "--train_batch_size 32 is not divisible by replicas (1) x "
-     "--num_accumulation_steps (3)"),
+     "run_pretraining: error: --train_batch_size: global batch size 32 is "
+     "not divisible by replicas (1) x accumulation steps (3)"),
     ("--input_file=/nonexistent/*.tfrecord",
      "run_pretraining: error: --input_file: no files match input pattern"),
     ("--bert_config_file=/nonexistent.json", "--bert_config_file: cannot read"),
+    # Config fields are reported under their flags' names.
+    ("--num_warmup_steps=50",
+     "run_pretraining: error: --num_warmup_steps (50) must be in "
+     "[0, --num_train_steps (5)]"),
+    ("--cycle_length=0",
+     "run_pretraining: error: --cycle_length must be >= 1, got 0"),
 ])
 def test_bad_flags_exit_naming_the_flag(corpus, tmp_path, flag, expected):
     args = pretrain_args(corpus, tmp_path / "bad", 5)
@@ -146,4 +152,5 @@ def test_corrupt_record_is_named(corpus, tmp_path):
                                timeout=300)
     assert code != 0
     assert last_line(output).startswith(
-        f"run_pretraining: error: bad input record: {bad}/train-00001.tfrecord")
+        f"run_pretraining: error: --input_file: bad input record: "
+        f"{bad}/train-00001.tfrecord")

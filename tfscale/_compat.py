@@ -55,10 +55,15 @@ def disable_gradient_aggregation(optimizer):
             "supports")
     optimizer._all_reduce_sum_gradients = lambda grads_and_vars: list(
         grads_and_vars)
+    # keras.optimizers.LossScaleOptimizer.apply calls its inner optimizer's
+    # apply, which would all-reduce again: N workers, N times the gradient.
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None:
+        disable_gradient_aggregation(inner)
     return optimizer
 
 
-def enable_multi_worker_fit():
+def fix_keras_multi_worker_bugs():
     """Lets plain Keras 3 `model.fit` run under MultiWorkerMirroredStrategy.
 
     Works around keras-team/keras#20585 (DESIGN.md facts 1 and 6), two bugs
@@ -69,10 +74,9 @@ def enable_multi_worker_fit():
       * `reduce_per_replica` reduces scalar logs with `axis=0`, which fails
         for a rank-0 value under MWMS. Scalars are reduced with `axis=None`.
 
-    Switch it on explicitly, once, before `fit`. Idempotent. The Trainer does
-    not need it; `fit` still lacks what the Trainer adds (accumulation with
-    one all-reduce, clipping after the all-reduce, XLA on CPU with several
-    workers, chief-only files).
+    Called by `tfscale.enable_multi_worker_fit` (keras_fit.py), which adds
+    what a correct multi-worker `fit` needs beyond these two fixes.
+    Idempotent.
 
     Raises:
         RuntimeError: Keras is not a version this shim was verified against.
@@ -120,6 +124,43 @@ def enable_multi_worker_fit():
     tf_trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
     tf_trainer.reduce_per_replica = reduce_per_replica
     tf_trainer._tfscale_patched = True
+
+
+def wrap_keras_fit(wrapper) -> None:
+    """Routes every Keras 3 (TensorFlow backend) `model.fit` call through
+    `wrapper(fit, model, *args, **kwargs)`. Idempotent."""
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+    cls = tf_trainer.TensorFlowTrainer
+    if getattr(cls.fit, "_tfscale_wrapper", None) is wrapper:
+        return
+    fit = getattr(cls.fit, "_tfscale_original", cls.fit)
+
+    @functools.wraps(fit)
+    def wrapped_fit(self, *args, **kwargs):
+        return wrapper(fit, self, *args, **kwargs)
+    wrapped_fit._tfscale_wrapper = wrapper
+    wrapped_fit._tfscale_original = fit
+    cls.fit = wrapped_fit
+
+
+def compiled_metrics(model) -> list:
+    """The metrics of `model.compile(metrics=...)`, as one Keras metric whose
+    `result()` is a dict ({"accuracy": ...}): Keras keeps them in the private
+    `CompileMetrics` container, which resolves names like "accuracy" from
+    the shapes of the first batch (see `build_compiled_metrics`)."""
+    container = getattr(model, "_compile_metrics", None)
+    return [container] if container is not None else []
+
+
+def build_compiled_metrics(model, metrics, element_spec) -> None:
+    """Builds `compile`'s metric container (and loss) from the shapes of one
+    per-replica batch, as `fit` does before its first step: their variables
+    must exist before the step is traced under the strategy."""
+    container = getattr(model, "_compile_metrics", None)
+    if container is None or container.built or container not in metrics:
+        return
+    with model.distribute_strategy.scope():
+        model._symbolic_build(data_batch=element_spec)
 
 
 def continue_tensorboard_steps(callbacks, step: int) -> None:

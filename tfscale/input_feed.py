@@ -18,6 +18,13 @@ memory: the copy happens at the start of the step.
 import tensorflow as tf
 
 
+class InputPipelineError(Exception):
+    """The input pipeline failed (a corrupt record, a parse or check error),
+    as opposed to the model or the step: callers can diagnose the records
+    without mistaking a model bug for bad data. `__cause__` holds
+    TensorFlow's error."""
+
+
 class InputFeed:
     """This worker's dataset, served as per-replica micro-batches.
 
@@ -46,7 +53,12 @@ class InputFeed:
         return tuple(self._next_micro_batch() for _ in range(num_micro_batches))
 
     def _next_micro_batch(self):
-        elements = [next(self.iterator) for _ in range(self._local_replicas)]
+        try:
+            elements = [next(self.iterator)
+                        for _ in range(self._local_replicas)]
+        except tf.errors.OpError as e:
+            raise InputPipelineError(
+                e.message.strip().splitlines()[0]) from e
         first = self._first_replica
         return self._strategy.experimental_distribute_values_from_function(
             lambda context: elements[context.replica_id_in_sync_group - first])

@@ -53,8 +53,10 @@ class TrainConfig:
         if self.precision not in precision_lib.PRECISIONS:
             raise ValueError(f"precision must be one of "
                              f"{precision_lib.PRECISIONS}, got {self.precision!r}")
-        if self.save_checkpoints_steps < 0 or self.log_steps < 1:
-            raise ValueError("save_checkpoints_steps must be >= 0 and "
-                             "log_steps >= 1")
+        if self.save_checkpoints_steps < 0:
+            raise ValueError("save_checkpoints_steps must be >= 0, got "
+                             f"{self.save_checkpoints_steps}")
+        if self.log_steps < 1:
+            raise ValueError(f"log_steps must be >= 1, got {self.log_steps}")
         if self.timed_steps_per_log < 0:
             raise ValueError("timed_steps_per_log must be >= 0")

@@ -25,9 +25,10 @@ from absl import logging
 from tfscale import _compat
 from tfscale import callback_files
 from tfscale import checkpointing
+from tfscale import fit_inputs
 from tfscale import precision as precision_lib
 from tfscale.cluster import chief_and_worker_count, worker_index
-from tfscale.input_feed import InputFeed
+from tfscale.input_feed import InputFeed, InputPipelineError
 from tfscale.preemption import Preempted, SignalWatch
 from tfscale.step import EvalStep, StepConfig, TrainStep
 from tfscale.timing import StepTimer
@@ -77,6 +78,12 @@ class Trainer:
         if not model.built:
             raise ValueError("build the model (call it on a batch or build "
                              "it with shapes) under strategy.scope() first")
+        # A keras.optimizers.LossScaleOptimizer (what `compile` makes under a
+        # mixed_float16 policy): the Trainer scales the loss itself, after
+        # the all-reduce, and updates with the inner optimizer.
+        wrapped = getattr(optimizer, "inner_optimizer", None)
+        if wrapped is not None:
+            optimizer = wrapped
         self.model = model
         self.optimizer = optimizer
         self.strategy = strategy
@@ -87,9 +94,14 @@ class Trainer:
         self.per_replica_batch_size = config.global_batch_size // divisor
         with strategy.scope():
             optimizer.build(model.trainable_variables)
-            self.loss_scale = (precision_lib.DynamicLossScale()
-                               if precision_lib.needs_loss_scaling(
-                                   config.precision) else None)
+            # fp16 needs loss scaling whichever way it was asked for: the
+            # config, the model's dtype policy, or a LossScaleOptimizer.
+            scaled = (precision_lib.needs_loss_scaling(config.precision)
+                      or precision_lib.needs_loss_scaling(
+                          model.dtype_policy.name)
+                      or wrapped is not None)
+            self.loss_scale = (precision_lib.DynamicLossScale() if scaled
+                               else None)
         # Steps taken, including fp16 steps skipped for non-finite gradients
         # (optimizer.iterations counts applied ones only). A plain host
         # variable: identical on every worker by construction, and a
@@ -117,6 +129,7 @@ class Trainer:
         self._split_steps = 0
         self._skipped_steps = 0  # fp16 steps skipped in this log interval
         self.checkpoint_path = None
+        self._verbose = config.verbose
         self._keeper = None
         if config.checkpoint_dir:
             trackables = checkpointing.training_trackables(
@@ -133,28 +146,77 @@ class Trainer:
 
     # ---- public API --------------------------------------------------------
 
-    def fit(self, dataset_fn: Callable, *, steps_per_epoch: int, epochs: int = 1,
-            callbacks: Sequence[keras.callbacks.Callback] = (),
-            validation_fn: Optional[Callable] = None,
-            validation_steps: Optional[int] = None) -> keras.callbacks.History:
-        """Trains for `epochs` x `steps_per_epoch` optimizer steps.
-
-        Resumes from the latest checkpoint in `config.checkpoint_dir`: model,
-        RNG states, optimizer, step and, with the same worker count, each
-        worker's input position, so the run continues exactly where it
-        stopped. On another worker count the input starts over (see
-        README, "Checkpoints and resume"). The Trainer's checkpoint wins over
-        a `BackupAndRestore` callback; without one, `BackupAndRestore`'s
-        epoch is used.
+    @classmethod
+    def from_compiled(cls, model: keras.Model, config: TrainConfig,
+                      strategy=None, communication_options=None) -> "Trainer":
+        """A Trainer with the optimizer, loss and metrics of `model.compile`.
 
         Args:
-            dataset_fn: `fn(tf.distribute.InputContext) -> tf.data.Dataset`
-                of per-replica batches (`(x, y)` or `(x, y, sample_weight)`)
-                of size `per_replica_batch_size`, repeated.
-            steps_per_epoch: Optimizer steps per epoch.
-            epochs: Number of epochs.
+            model: A built, compiled model, created and compiled under
+                `strategy.scope()`.
+            config: A `TrainConfig` (global batch size, checkpoints, ...).
+            strategy: Default: the strategy the model was compiled under.
+            communication_options: As in the constructor.
+
+        Raises:
+            ValueError: The model is not compiled, or its loss is a list or
+                dict (one loss per output is not supported).
+        """
+        if getattr(model, "optimizer", None) is None or not getattr(
+                model, "compiled", False):
+            raise ValueError("compile the model first (optimizer, loss, "
+                             "metrics), or use the Trainer constructor")
+        loss = model.loss
+        if isinstance(loss, (list, tuple, dict)) or loss is None:
+            raise ValueError(f"the compiled loss must be one loss, got "
+                             f"{loss!r}; pass loss_fn to the constructor")
+        if isinstance(loss, str):
+            loss = keras.losses.get(loss)
+        metrics = _compat.compiled_metrics(model)
+        return cls(model=model, optimizer=model.optimizer, loss_fn=loss,
+                   strategy=strategy or model.distribute_strategy,
+                   config=config, metrics=metrics,
+                   communication_options=communication_options)
+
+    def fit(self, x=None, y=None, batch_size: Optional[int] = None,
+            epochs: int = 1, verbose=None,
+            callbacks: Sequence[keras.callbacks.Callback] = (),
+            validation_data=None, shuffle: bool = True, sample_weight=None,
+            initial_epoch: int = 0, steps_per_epoch: Optional[int] = None,
+            validation_steps: Optional[int] = None
+            ) -> keras.callbacks.History:
+        """Trains for `epochs` x `steps_per_epoch` optimizer steps.
+
+        Takes what `model.fit` takes (see `fit_inputs.py`) or, the fast
+        path, a `dataset_fn`. Resumes from the latest checkpoint in
+        `config.checkpoint_dir`: model, RNG states, optimizer, step and, with
+        the same worker count, each worker's input position, so the run
+        continues exactly where it stopped. On another worker count the input
+        starts over (see README, "Checkpoints and resume"). The Trainer's
+        checkpoint wins over a `BackupAndRestore` callback; without one,
+        `BackupAndRestore`'s epoch is used.
+
+        Args:
+            x: `fn(tf.distribute.InputContext) -> tf.data.Dataset` of
+                per-replica batches (`(x, y)` or `(x, y, sample_weight)`) of
+                size `per_replica_batch_size`, repeated (needs
+                `steps_per_epoch`); or a `tf.data.Dataset` of global batches;
+                or arrays / a dict of arrays.
+            y, sample_weight: Arrays, with array `x`.
+            batch_size: Global batch size (arrays); must equal the config's.
+            epochs: Index of the last epoch, as in Keras.
+            verbose: 0 silent, 1 progress bar, 2 one line per log interval;
+                None or "auto": `config.verbose`. The chief only.
             callbacks: `keras.callbacks.Callback` objects.
-            validation_fn: Like `dataset_fn`, finite; evaluated each epoch.
+            validation_data: Evaluated after each epoch: a `dataset_fn`
+                (finite), a `tf.data.Dataset` of global batches, or a tuple
+                `(x, y[, sample_weight])` of arrays.
+            shuffle: Shuffle arrays each epoch (the same order on all
+                workers).
+            initial_epoch: Epoch to start from (a fresh run only; a resumed
+                run starts where its checkpoint is).
+            steps_per_epoch: Optimizer steps per epoch (default: one pass
+                over a finite dataset or the arrays).
             validation_steps: Limit on validation batches.
 
         Returns:
@@ -164,9 +226,28 @@ class Trainer:
             Preempted: A worker got SIGTERM; the checkpoint of the step all
                 workers agreed on is saved (a `SystemExit` with code 143).
             checkpointing.RestoreError: The checkpoint does not fit.
+            InputPipelineError: The input pipeline failed.
+            ValueError: Inputs that do not fit the Trainer (batch size,
+                too little data, unknown length without steps_per_epoch).
         """
+        if fit_inputs.is_dataset_fn(x):
+            if steps_per_epoch is None:
+                raise ValueError("steps_per_epoch is required with a "
+                                 "dataset_fn")
+            dataset_fn = x
+        else:
+            dataset_fn, steps_per_epoch = fit_inputs.training_input(
+                x, y, sample_weight, batch_size=batch_size,
+                global_batch_size=self.config.global_batch_size,
+                per_replica_batch_size=self.per_replica_batch_size,
+                steps_per_epoch=steps_per_epoch, shuffle=shuffle)
         if steps_per_epoch < 1 or epochs < 1:
             raise ValueError("steps_per_epoch and epochs must be >= 1")
+        validation_fn = None
+        if validation_data is not None:
+            validation_fn = self._evaluation_fn(validation_data)
+        verbose = (self.config.verbose if verbose in (None, "auto")
+                   else int(verbose))
         worker_dir = None if self.is_chief else tempfile.mkdtemp(
             prefix="tfscale-worker-")
         callbacks = list(callbacks)
@@ -174,25 +255,39 @@ class Trainer:
             callback_files.route_writes(callbacks, worker_dir)
         callback_list = keras.callbacks.CallbackList(
             callbacks, add_history=True,
-            add_progbar=self.is_chief and self.config.verbose == 1,
-            model=self.model, verbose=self.config.verbose, epochs=epochs,
+            add_progbar=self.is_chief and verbose == 1,
+            model=self.model, verbose=verbose, epochs=epochs,
             steps=steps_per_epoch)
         # SIGTERM from now on is a preemption request (see preemption.py).
         watch = SignalWatch().__enter__()
+        self._verbose = verbose
         try:
             return self._fit(dataset_fn, callbacks, callback_list, worker_dir,
                              watch, steps_per_epoch, epochs, validation_fn,
-                             validation_steps)
+                             validation_steps, initial_epoch)
         finally:
             watch.__exit__()
+            self._verbose = self.config.verbose
             if self._keeper:
                 self._keeper.untrack_input()
                 self._keeper.close()
             if worker_dir:
                 shutil.rmtree(worker_dir, ignore_errors=True)
 
+    def _evaluation_fn(self, data, batch_size=None, y=None,
+                       sample_weight=None):
+        if fit_inputs.is_dataset_fn(data):
+            return data
+        if isinstance(data, tuple):
+            data, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        return fit_inputs.evaluation_input(
+            data, y, sample_weight,
+            batch_size=batch_size or self.config.global_batch_size,
+            per_replica_batch_size=self.per_replica_batch_size)
+
     def _fit(self, dataset_fn, callbacks, callback_list, worker_dir, watch,
-             steps_per_epoch, epochs, validation_fn, validation_steps):
+             steps_per_epoch, epochs, validation_fn, validation_steps,
+             initial_epoch):
         self.model.stop_training = False
         self.timer.reset()
         self._interval_loss, self._interval_steps = 0.0, 0
@@ -204,6 +299,8 @@ class Trainer:
             self._keeper.track_input(feed.iterator)
             restored = self._keeper.restore_latest()
         self.model._initial_epoch = None
+        _compat.build_compiled_metrics(self.model, self.metrics,
+                                       feed.iterator.element_spec)
         callback_list.on_train_begin()
         if worker_dir:
             callback_files.route_backup_writes(callbacks, worker_dir)
@@ -213,6 +310,8 @@ class Trainer:
         elif self.model._initial_epoch:
             # BackupAndRestore restored weights at an epoch boundary.
             self.step.assign(self.model._initial_epoch * steps_per_epoch)
+        elif initial_epoch and not int(self.step.numpy()):
+            self.step.assign(initial_epoch * steps_per_epoch)
         start = int(self.step.numpy())
         if restored:
             input_state = self._keeper.restore_input(start)
@@ -235,12 +334,19 @@ class Trainer:
         callback_list.on_train_end(logs)
         return self.model.history
 
-    def evaluate(self, dataset_fn: Callable, steps: Optional[int] = None) -> dict:
+    def evaluate(self, x=None, y=None, batch_size: Optional[int] = None,
+                 steps: Optional[int] = None, sample_weight=None) -> dict:
         """Mean loss and metrics over a finite dataset, on all workers.
+
+        Args:
+            x: A finite `dataset_fn`, a `tf.data.Dataset` of global batches,
+                or arrays (with `y`, `sample_weight`, `batch_size`).
+            steps: Limit on (global) batches.
 
         Every example is counted once even when workers hold uneven numbers
         of batches (the distributed iterator pads and agrees on the end).
         """
+        dataset_fn = self._evaluation_fn(x, batch_size, y, sample_weight)
         for metric in self.metrics:
             metric.reset_state()
         iterator = iter(self.strategy.distribute_datasets_from_function(
@@ -248,7 +354,11 @@ class Trainer:
         loss_sum = count = 0.0
         batches = 0
         while steps is None or batches < steps:
-            optional = iterator.get_next_as_optional()
+            try:
+                optional = iterator.get_next_as_optional()
+            except tf.errors.OpError as e:
+                raise InputPipelineError(
+                    e.message.strip().splitlines()[0]) from e
             if not optional.has_value():
                 break
             total, n = self._eval_step.run(optional.get_value())
@@ -412,7 +522,7 @@ class Trainer:
                 f"compute {1000 * summary['compute']:.1f}, "
                 f"sync {1000 * summary['sync']:.1f}, "
                 f"update {1000 * summary['update']:.1f}){fp16}")
-        if self.config.verbose == 2:
+        if self._verbose == 2:
             self._log(line)
         return summary
 

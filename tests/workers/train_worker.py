@@ -83,7 +83,7 @@ def main(argv):
     p.add_argument("--connect_timeout", type=float, default=60)
     p.add_argument("--slurm_port_base", type=int, default=8888)
     p.add_argument("--keras_fit", action="store_true",
-                   help="train with model.fit + _compat.enable_multi_worker_fit")
+                   help="train with model.fit + tfscale.enable_multi_worker_fit")
     p.add_argument("--dump_initial", action="store_true",
                    help="write the weights fit starts from (after restore)")
     p.add_argument("--crash_at", type=int, default=0,
@@ -179,9 +179,9 @@ def main(argv):
 
 
 def keras_fit(args, info, strategy, model, optimizer, x, y):
-    """Plain model.fit under the strategy, with tfscale's opt-in fix."""
-    from tfscale import _compat
-    _compat.enable_multi_worker_fit()
+    """Plain model.fit under the strategy, with tfscale's switch."""
+    import tfscale
+    tfscale.enable_multi_worker_fit()
     with strategy.scope():
         model.compile(optimizer=optimizer, loss="mse")
     per_worker = args.global_batch // info.num_workers
