@@ -25,6 +25,8 @@ setup(
     extras_require={
         "text": ["tensorflow-text==2.21.1"],
         "plot": ["matplotlib>=3.8"],
+        # Only benchmarks/fit_comparison.py imports it (legacy Keras 2).
+        "bench": ["tf_keras==2.21.0"],
         "test": ["pytest>=8", "tensorflow-text==2.21.1", "matplotlib>=3.8"],
     },
     entry_points={"console_scripts": [

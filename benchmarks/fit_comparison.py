@@ -1,0 +1,84 @@
+r"""Trainer versus `model.fit` on 2 workers: tf_keras, Keras 3 + switch, bare.
+
+    pip install -e '.[bench]'          # tf_keras, for this benchmark only
+    python -m benchmarks.fit_comparison [--num_workers 2] [--repeats 3]
+
+Each engine of `benchmarks/fit_worker.py` trains the same model on the same
+data (an in-memory dataset of global batches) with the same SGD and global
+batch, on N local workers through `launch.local`, one launch per
+measurement. Engines alternate within each repeat; the table reports the
+median examples/s over the repeats and the Trainer's ratio to each engine.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ENGINES = ("tf_keras", "keras3", "trainer", "bare")
+STEPS = {"cnn": (20, 100), "mlp": (100, 600)}  # (warm-up, measured)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def measure(engine, model, num_workers, global_batch, threads) -> float:
+    warmup, steps = STEPS[model]
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result.json")
+        command = [sys.executable, "-m", "launch.local", "--num_workers",
+                   str(num_workers), "--threads_per_worker", str(threads),
+                   "--", sys.executable, "-m", "benchmarks.fit_worker",
+                   f"--engine={engine}", f"--model={model}",
+                   f"--steps={steps}", f"--warmup_steps={warmup}",
+                   f"--global_batch={global_batch}", f"--result_file={result}"]
+        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+        proc = subprocess.run(command, cwd=REPO, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=900)
+        if proc.returncode != 0:
+            sys.exit(f"fit_comparison: {engine}/{model} failed:\n"
+                     f"{proc.stdout[-5000:]}")
+        with open(result) as f:
+            return json.load(f)["examples_per_second"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num_workers", type=int, default=2)
+    parser.add_argument("--threads_per_worker", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--global_batch", type=int, default=128)
+    parser.add_argument("--models", default="cnn,mlp")
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    args = parser.parse_args()
+    models = args.models.split(",")
+    engines = args.engines.split(",")
+    rates = {(m, e): [] for m in models for e in engines}
+    for repeat in range(args.repeats):
+        for model in models:
+            for engine in engines:
+                rate = measure(engine, model, args.num_workers,
+                               args.global_batch, args.threads_per_worker)
+                rates[(model, engine)].append(rate)
+                print(f"repeat {repeat} {model} {engine}: {rate:.0f} "
+                      "examples/s", flush=True)
+    header = "| model | " + " | ".join(engines) + " | " + " | ".join(
+        f"Trainer / {e}" for e in engines if e != "trainer") + " |"
+    print()
+    print(f"{args.num_workers} workers, global batch {args.global_batch}, "
+          f"median of {args.repeats} (examples/s)")
+    print(header)
+    print("|---" * (1 + len(engines) + len(engines) - 1) + "|")
+    for model in models:
+        median = {e: statistics.median(rates[(model, e)]) for e in engines}
+        cells = [f"{median[e]:.0f}" for e in engines]
+        if "trainer" in median:
+            cells += [f"{median['trainer'] / median[e]:.2f}x" for e in engines
+                      if e != "trainer"]
+        print(f"| {model} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
