@@ -90,6 +90,9 @@ def worker_specs(command: Sequence[str], num_workers: int, ports: Sequence[int],
             env["TF_NUM_INTEROP_THREADS"] = str(min(2, threads_per_worker))
             env["OMP_NUM_THREADS"] = str(threads_per_worker)
         env["TFSCALE_WORKER_INDEX"] = str(index)
+        # TensorFlow's C++ INFO lines (one per collective, per server start)
+        # off; warnings and errors stay. A value of one's own wins.
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         env["PYTHONUNBUFFERED"] = "1"
         specs.append(WorkerSpec(index, list(command), env))
     return specs

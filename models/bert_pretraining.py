@@ -209,6 +209,8 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
         with open(os.path.join(config.output_dir, "summary.json"), "w") as f:
             json.dump(results, f, indent=2)
         print(final_summary(results), flush=True)
+    # Exit together, once the chief's files are written.
+    trainer.barrier()
     return results
 
 

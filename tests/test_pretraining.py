@@ -67,6 +67,13 @@ def test_two_workers_loss_falls_checkpoints_once_and_resume(corpus, tmp_path):
     assert {"batch_loss", "batch_learning_rate", "batch_examples_per_second",
             "batch_sync", "batch_compute"} <= tags
     assert output.count("tfscale run_pretraining done") == 1  # chief only
+    # Quiet: tfscale's lines, not TensorFlow's INFO per collective or per
+    # checkpoint shard, and no abort line at a normal end.
+    assert output.count("tfscale: saved checkpoint") == 4  # not twice at 40
+    for noise in ("cross_device_ops.py", "Collective all_reduce tensors",
+                  "Sharding callback duration", "coordination_service",
+                  "heartbeat"):
+        assert noise not in output, noise
 
     _, output = run_pretraining(2, pretrain_args(corpus, out, 50))
     assert f"resumed from {out}/checkpoints/ckpt-40 at step 40" in output

@@ -129,6 +129,7 @@ class Trainer:
         self._split_steps = 0
         self._skipped_steps = 0  # fp16 steps skipped in this log interval
         self.checkpoint_path = None
+        self._saved_step = None
         self._verbose = config.verbose
         self._keeper = None
         if config.checkpoint_dir:
@@ -314,6 +315,7 @@ class Trainer:
             self.step.assign(initial_epoch * steps_per_epoch)
         start = int(self.step.numpy())
         if restored:
+            self._saved_step = start
             input_state = self._keeper.restore_input(start)
             self._log(f"resumed from {restored} at step {start}; input "
                       + ("position restored" if input_state else
@@ -527,10 +529,22 @@ class Trainer:
         return summary
 
     def _save(self):
-        if self._keeper:
-            path = self._keeper.save(int(self.step.numpy()))
+        step = int(self.step.numpy())
+        if self._keeper and step != self._saved_step:
+            # (Every worker takes the same branch: the step is agreed.)
+            path = self._keeper.save(step)
+            self._saved_step = step
             if path:
                 self.checkpoint_path = path
+
+    def barrier(self) -> None:
+        """Returns when every worker has called it (one tiny all-reduce).
+
+        E.g. at the very end, after the chief's last writes, so that workers
+        exit together rather than one after another (a coordination service
+        whose peer exits first reports it as crashed)."""
+        if self.num_workers > 1:
+            self._local(self._agree(tf.constant(0.0))).numpy()
 
     def _log(self, message: str):
         if self.is_chief:
