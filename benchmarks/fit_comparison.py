@@ -7,7 +7,9 @@ Each engine of `benchmarks/fit_worker.py` trains the same model on the same
 data (an in-memory dataset of global batches) with the same SGD and global
 batch, on N local workers through `launch.local`, one launch per
 measurement. Engines alternate within each repeat; the table reports the
-median examples/s over the repeats and the Trainer's ratio to each engine.
+median examples/s over the repeats and the Trainer's ratio to each engine:
+the median of the ratios within each repeat (runs of one repeat are
+minutes apart, so they share the machine's current speed).
 """
 
 import argparse
@@ -44,6 +46,12 @@ def measure(engine, model, num_workers, global_batch, threads) -> float:
             return json.load(f)["examples_per_second"]
 
 
+def paired_ratio(rates, model, engine) -> float:
+    """Median over repeats of trainer / engine within the same repeat."""
+    return statistics.median(t / e for t, e in zip(
+        rates[(model, "trainer")], rates[(model, engine)]))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num_workers", type=int, default=2)
@@ -75,7 +83,7 @@ def main():
         median = {e: statistics.median(rates[(model, e)]) for e in engines}
         cells = [f"{median[e]:.0f}" for e in engines]
         if "trainer" in median:
-            cells += [f"{median['trainer'] / median[e]:.2f}x" for e in engines
+            cells += [f"{paired_ratio(rates, model, e):.2f}x" for e in engines
                       if e != "trainer"]
         print(f"| {model} | " + " | ".join(cells) + " |")
 

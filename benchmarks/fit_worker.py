@@ -85,6 +85,9 @@ def main():
     parser.add_argument("--warmup_steps", type=int, required=True)
     parser.add_argument("--global_batch", type=int, default=128)
     parser.add_argument("--result_file", required=True)
+    parser.add_argument("--timed_steps_per_log", type=int, default=4,
+                        help="Trainer: steps per log interval run part by "
+                        "part to measure the time split")
     args = parser.parse_args()
 
     if args.engine == "tf_keras":
@@ -109,8 +112,9 @@ def main():
     elif args.engine == "trainer":
         import tfscale
         trainer = tfscale.Trainer.from_compiled(
-            model, tfscale.TrainConfig(global_batch_size=args.global_batch,
-                                       verbose=0))
+            model, tfscale.TrainConfig(
+                global_batch_size=args.global_batch, verbose=0,
+                timed_steps_per_log=args.timed_steps_per_log))
         trainer.fit(dataset, epochs=1, steps_per_epoch=total, callbacks=[tick])
     else:
         bare_loop(strategy, model, dataset, total, args.global_batch, clock)
