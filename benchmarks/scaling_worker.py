@@ -90,8 +90,7 @@ def main(argv):
         config=TrainConfig(global_batch_size=args.global_batch_size,
                            jit_compile=args.xla, precision=args.precision,
                            log_steps=args.steps,
-                           timed_steps_per_log=args.timed_steps, verbose=0),
-        communication_options=cluster_lib.communication_options(config))
+                           timed_steps_per_log=args.timed_steps, verbose=0))
     dataset_fn = lambda context: tf.data.Dataset.from_tensors(batch).repeat()  # noqa: E731
     report = _Report()
     # Warmup (tracing, XLA compilation), then the measured fit.

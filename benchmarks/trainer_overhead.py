@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 
 from benchmarks.scaling_worker import model_and_data
-from tfscale.step import per_example_loss
+from tfscale.step import unreduced
 from tfscale.trainer import TrainConfig, Trainer
 
 
@@ -45,8 +45,8 @@ def minimal_loop(strategy, make_model, loss_fn, batch, batch_size, steps):
     def step(data):
         def replica(x, y):
             with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(per_example_loss(
-                    loss_fn, y, model(x, training=True))) / batch_size
+                loss = tf.reduce_sum(unreduced(loss_fn)(
+                    y, model(x, training=True), None)) / batch_size
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply(grads, model.trainable_variables)
             return loss

@@ -170,9 +170,7 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
     try:
         trainer = Trainer(model=model, optimizer=optimizer,
                           loss_fn=bert.pretraining_loss, strategy=strategy,
-                          config=config.train, metrics=metrics,
-                          communication_options=cluster_lib.communication_options(
-                              config.cluster))
+                          config=config.train, metrics=metrics)
     except ValueError as e:
         raise PretrainingError("train_batch_size", str(e)) from None
     if info.is_chief:

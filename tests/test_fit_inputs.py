@@ -81,6 +81,27 @@ def test_arrays_validation_initial_epoch_and_compiled_metrics():
                                                             rel=1e-5)
 
 
+def test_sample_weights_as_keras_fit_weighs_them():
+    """The Loss goes through its own __call__ (dtype conversion, weights),
+    with the reduction the step needs: same result as Keras's fit."""
+    x, y = data(128)
+    w = np.linspace(0.0, 2.0, 128).astype("float32")
+    reference = mlp(tf.distribute.get_strategy())
+    reference.compile(optimizer=keras.optimizers.SGD(0.05),
+                      loss=keras.losses.MeanSquaredError())
+    reference.fit(x, y, sample_weight=w, batch_size=32, epochs=2,
+                  shuffle=False, verbose=0)
+    strategy = mirrored(TWO_CPUS)
+    model = mlp(strategy)
+    with strategy.scope():
+        model.compile(optimizer=keras.optimizers.SGD(0.05),
+                      loss=keras.losses.MeanSquaredError())
+    trainer = Trainer.from_compiled(model, TrainConfig(global_batch_size=32,
+                                                       verbose=0))
+    trainer.fit(x, y, sample_weight=w, batch_size=32, epochs=2, shuffle=False)
+    assert_same(model, reference)
+
+
 def test_inputs_that_do_not_fit_are_one_line_errors():
     x, y = data(64)
     strategy = mirrored(TWO_CPUS)
@@ -172,3 +193,17 @@ def test_fit_with_keras_gradient_accumulation_points_to_the_trainer():
                        r"not supported by model.fit .* use tfscale.Trainer "
                        r"with TrainConfig\(num_accumulation_steps=2\)"):
         model.fit(x, y, batch_size=32, verbose=0)
+
+
+def test_precision_that_disagrees_with_the_model_policy_is_an_error():
+    strategy = mirrored(TWO_CPUS)
+    model = mlp(strategy)  # built under the float32 policy
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.05)
+    with pytest.raises(ValueError, match="TrainConfig.precision is "
+                       "'mixed_float16' but the model was built with dtype "
+                       "policy 'float32'"):
+        Trainer(model=model, optimizer=optimizer,
+                loss_fn=keras.losses.MeanSquaredError(), strategy=strategy,
+                config=TrainConfig(global_batch_size=32,
+                                   precision="mixed_float16"))

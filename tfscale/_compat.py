@@ -143,6 +143,18 @@ def wrap_keras_fit(wrapper) -> None:
     cls.fit = wrapped_fit
 
 
+def communication_options(strategy):
+    """The `CommunicationOptions` the strategy was created with, or None.
+
+    A replica-context `all_reduce` merges the strategy's implementation
+    choice but takes `bytes_per_pack` only from the options passed to it
+    (tensorflow/python/distribute/cross_device_ops.py, `_all_reduce`), so
+    the step passes the strategy's own; reading them here means callers
+    give them once, to the strategy.
+    """
+    return getattr(strategy.extended, "_communication_options", None)
+
+
 def compiled_metrics(model) -> list:
     """The metrics of `model.compile(metrics=...)`, as one Keras metric whose
     `result()` is a dict ({"accuracy": ...}): Keras keeps them in the private

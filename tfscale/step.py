@@ -27,11 +27,14 @@ yields exactly the gradient of the mean loss over the global batch, which is
 why N workers with global batch B match one worker with batch B.
 """
 
+import copy
 import dataclasses
 from typing import Callable, Optional, Sequence
 
 import keras
 import tensorflow as tf
+
+from tfscale import _compat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,21 +53,58 @@ class StepConfig:
     num_accumulation_steps: int = 1
     jit_compile: bool = False
     clip_global_norm: Optional[float] = None
+    log_steps: int = 100
+    timed_steps_per_log: int = 4
 
 
-def per_example_loss(loss_fn, y_true, y_pred):
-    """Unreduced loss: one value per example.
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What one optimizer step reports to the loop.
 
-    A `keras.losses.Loss` is called through `.call` (no reduction); any other
-    callable must already return one value per example.
+    Attributes:
+        loss: The global batch's loss (reduced over all replicas).
+        stop, preempt: Whether any worker raised the flag for this step.
+        metrics: {name: value} of the metrics after this step.
+        skipped: fp16: the update was skipped (non-finite gradients).
+    """
+
+    loss: float
+    stop: bool
+    preempt: bool
+    metrics: dict
+    skipped: bool = False
+
+
+def unreduced(loss_fn) -> Callable:
+    """`loss_fn` as `fn(y_true, y_pred, sample_weight) -> [batch]` float32.
+
+    A `keras.losses.Loss` goes through its own `__call__` (its dtype
+    conversion of y_true / y_pred, masks and sample weights) with the
+    reduction switched off, on a copy: the step divides by the global batch
+    itself (Keras's reduction would also divide by the number of replicas).
+    Any other callable must return one value per example (or per token:
+    extra axes are averaged); sample weights multiply it.
     """
     if isinstance(loss_fn, keras.losses.Loss):
-        values = loss_fn.call(y_true, y_pred)
-    else:
-        values = loss_fn(y_true, y_pred)
+        per_example = copy.copy(loss_fn)
+        per_example.reduction = None
+
+        def call(y_true, y_pred, sample_weight):
+            return _per_example(per_example(y_true, y_pred,
+                                            sample_weight=sample_weight))
+        return call
+
+    def call(y_true, y_pred, sample_weight):
+        values = _per_example(loss_fn(y_true, y_pred))
+        if sample_weight is not None:
+            values = values * tf.cast(sample_weight, values.dtype)
+        return values
+    return call
+
+
+def _per_example(values):
     values = tf.cast(values, tf.float32)
-    # Losses like MSE return one value per example; anything with more axes
-    # (per-token losses) is averaged over them.
+    # Per-token losses (more axes than the batch) are averaged per example.
     if values.shape.rank and values.shape.rank > 1:
         values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
     return values
@@ -80,24 +120,28 @@ class TrainStep:
             (`_compat.disable_gradient_aggregation`).
         loss_fn: `keras.losses.Loss` or `fn(y_true, y_pred) -> [batch]`.
         metrics: Keras metrics updated with (y_true, y_pred) per micro-batch.
-        strategy: The `tf.distribute` strategy.
+        strategy: The `tf.distribute` strategy; the all-reduce uses the
+            communication options it was created with.
         config: A `StepConfig`.
-        communication_options: `CommunicationOptions` for the all-reduce.
         loss_scale: A `precision.DynamicLossScale` for fp16, else None.
+
+    `run` is the one entry point of the training loop: it owns the choice
+    between the fused step and the part-by-part one, the host waits, and
+    the fp16 decision to skip an update.
     """
 
     def __init__(self, *, model, optimizer, loss_fn: Callable,
                  metrics: Sequence[keras.metrics.Metric], strategy,
-                 config: StepConfig, communication_options=None,
-                 loss_scale=None):
+                 config: StepConfig, loss_scale=None):
         self._model = model
         self._optimizer = optimizer
-        self._loss_fn = loss_fn
+        self._loss_fn = unreduced(loss_fn)
         self._metrics = list(metrics)
         self._strategy = strategy
         self._config = config
-        self._options = communication_options
+        self._options = _compat.communication_options(strategy)
         self._loss_scale = loss_scale
+        self._split_steps = 0
         self._variables = model.trainable_variables
         self._forward_backward = tf.function(
             self._forward_backward_fn, jit_compile=config.jit_compile)
@@ -113,9 +157,7 @@ class TrainStep:
                  if self._loss_scale is not None else None)
         with tf.GradientTape() as tape:
             y_pred = self._model(x, training=True)
-            losses = per_example_loss(self._loss_fn, y, y_pred)
-            if sample_weight is not None:
-                losses = losses * tf.cast(sample_weight, losses.dtype)
+            losses = self._loss_fn(y, y_pred, sample_weight)
             loss = tf.reduce_sum(losses) / self._config.global_batch_size
             if self._model.losses:
                 # Regularization is counted once per optimizer step in total.
@@ -180,6 +222,73 @@ class TrainStep:
         self._replica_apply(grads)
         return control
 
+    # ---- the host side: one optimizer step ------------------------------------
+
+    def is_timed(self, step: int) -> bool:
+        """Whether step number `step` (1-based) runs part by part.
+
+        A function of the step number alone, so an interrupted and resumed
+        run takes exactly the same path at every step as an uninterrupted one.
+        Part by part: a few steps per log interval, to time each part, and
+        every fp16 step (the host decides whether to apply).
+        """
+        if self._loss_scale is not None:
+            return True
+        config = self._config
+        remainder = step % config.log_steps
+        return config.timed_steps_per_log > 0 and (
+            remainder == 0 or
+            remainder > config.log_steps - config.timed_steps_per_log)
+
+    def run(self, step: int, fetch: Callable[[], tuple], signals, timer
+            ) -> StepResult:
+        """Runs optimizer step number `step` (1-based).
+
+        Args:
+            step: The step's number.
+            fetch: `fn() -> micro-batches` (the input; timed as input wait).
+            signals: This worker's [stop, preempt] flags (0.0 / 1.0).
+            timer: A `timing.StepTimer`.
+        """
+        timed = self.is_timed(step)
+        signals = tf.constant(signals, tf.float32)
+        timer.start()
+        micro_batches = fetch()
+        timer.mark("input_wait")
+        if not timed:
+            control, metrics = self.fused(micro_batches, signals)
+            loss, stop, preempt = self._control(control)
+            timer.stop(timed=False)
+            return StepResult(loss, stop, preempt,
+                              {k: float(v) for k, v in metrics.items()})
+        loss, grads = self.compute(micro_batches)
+        self._local(loss).numpy()  # wait for the backward pass
+        timer.mark("compute")
+        control, grads, finite, _ = self.sync(loss, grads, signals)
+        loss, stop, preempt = self._control(control)
+        finite = bool(self._local(finite))
+        timer.mark("sync")
+        if finite or self._loss_scale is None:
+            self.apply(grads)
+            self._optimizer.iterations.numpy()  # wait for the update
+        if self._loss_scale is not None:
+            self._loss_scale.update(finite)
+        timer.mark("update")
+        # The very first part-by-part step traces the functions: not counted.
+        timer.stop(timed=self._split_steps > 0)
+        self._split_steps += 1
+        metrics = {k: float(v) for k, v in self.metric_results().items()}
+        return StepResult(loss, stop, preempt, metrics,
+                          skipped=not finite and self._loss_scale is not None)
+
+    def _local(self, value):
+        return self._strategy.experimental_local_results(value)[0]
+
+    def _control(self, control):
+        """[loss, stop, preempt] (reduced) -> (loss, stop, preempt)."""
+        values = self._local(control).numpy()
+        return float(values[0]), bool(values[1] > 0), bool(values[2] > 0)
+
     # ---- cross replica (the compiled entry points) --------------------------
 
     def _fused(self, micro_batches, signals):
@@ -228,7 +337,7 @@ class EvalStep:
 
     def __init__(self, *, model, loss_fn, metrics, strategy):
         self._model = model
-        self._loss_fn = loss_fn
+        self._loss_fn = unreduced(loss_fn)
         self._metrics = list(metrics)
         self._strategy = strategy
         self.run = tf.function(self._run)
@@ -236,10 +345,8 @@ class EvalStep:
     def _replica_step(self, batch):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         y_pred = self._model(x, training=False)
-        losses = per_example_loss(self._loss_fn, y, y_pred)
+        losses = self._loss_fn(y, y_pred, sample_weight)
         count = tf.cast(tf.shape(losses)[0], tf.float32)
-        if sample_weight is not None:
-            losses = losses * tf.cast(sample_weight, losses.dtype)
         for metric in self._metrics:
             metric.update_state(y, y_pred, sample_weight=sample_weight)
         context = tf.distribute.get_replica_context()

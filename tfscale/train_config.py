@@ -17,9 +17,10 @@ class TrainConfig:
         num_accumulation_steps: Micro-batches per optimizer step.
         jit_compile: XLA-compile the per-replica forward/backward.
         clip_global_norm: Clip reduced gradients to this global norm.
-        precision: "float32", "mixed_bfloat16" or "mixed_float16" (the
-            latter adds dynamic loss scaling). The Keras policy itself is
-            set by `precision.set_precision` before the model is built.
+        precision: "float32" (the default: whatever the model's policy is),
+            "mixed_bfloat16" or "mixed_float16": must then be the dtype
+            policy the model was built with (`precision.set_precision`
+            before building). Loss scaling follows the model's policy.
         checkpoint_dir: Where the chief keeps checkpoints; None: none.
         save_checkpoints_steps: Save every this many steps (0: only at the
             end of `fit`).

@@ -47,7 +47,6 @@ class Trainer:
             `MirroredStrategy` / `MultiWorkerMirroredStrategy`).
         config: A `TrainConfig`.
         metrics: Keras metrics, created under `strategy.scope()`.
-        communication_options: `CommunicationOptions` for the all-reduce.
 
     Raises:
         ValueError: The global batch does not divide into replicas x
@@ -66,8 +65,7 @@ class Trainer:
 
     def __init__(self, *, model: keras.Model, optimizer, loss_fn: Callable,
                  strategy, config: TrainConfig,
-                 metrics: Sequence[keras.metrics.Metric] = (),
-                 communication_options=None):
+                 metrics: Sequence[keras.metrics.Metric] = ()):
         replicas = strategy.num_replicas_in_sync
         divisor = replicas * config.num_accumulation_steps
         if config.global_batch_size % divisor:
@@ -84,6 +82,12 @@ class Trainer:
         wrapped = getattr(optimizer, "inner_optimizer", None)
         if wrapped is not None:
             optimizer = wrapped
+        policy = model.dtype_policy.name
+        if config.precision != "float32" and config.precision != policy:
+            raise ValueError(
+                f"TrainConfig.precision is {config.precision!r} but the model "
+                f"was built with dtype policy {policy!r}: call "
+                "tfscale.precision.set_precision before building the model")
         self.model = model
         self.optimizer = optimizer
         self.strategy = strategy
@@ -94,11 +98,9 @@ class Trainer:
         self.per_replica_batch_size = config.global_batch_size // divisor
         with strategy.scope():
             optimizer.build(model.trainable_variables)
-            # fp16 needs loss scaling whichever way it was asked for: the
-            # config, the model's dtype policy, or a LossScaleOptimizer.
-            scaled = (precision_lib.needs_loss_scaling(config.precision)
-                      or precision_lib.needs_loss_scaling(
-                          model.dtype_policy.name)
+            # Loss scaling follows the model's dtype policy (or a
+            # LossScaleOptimizer), whatever built it.
+            scaled = (precision_lib.needs_loss_scaling(policy)
                       or wrapped is not None)
             self.loss_scale = (precision_lib.DynamicLossScale() if scaled
                                else None)
@@ -118,15 +120,14 @@ class Trainer:
             metrics=self.metrics, strategy=strategy,
             config=StepConfig(config.global_batch_size,
                               config.num_accumulation_steps,
-                              config.jit_compile, config.clip_global_norm),
-            communication_options=communication_options,
+                              config.jit_compile, config.clip_global_norm,
+                              config.log_steps, config.timed_steps_per_log),
             loss_scale=self.loss_scale)
         self._eval_step = EvalStep(model=model, loss_fn=loss_fn,
                                    metrics=self.metrics, strategy=strategy)
         self._agree = tf.function(self._agree_fn)
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
         self._interval_loss, self._interval_steps = 0.0, 0
-        self._split_steps = 0
         self._skipped_steps = 0  # fp16 steps skipped in this log interval
         self.checkpoint_path = None
         self._saved_step = None
@@ -149,7 +150,7 @@ class Trainer:
 
     @classmethod
     def from_compiled(cls, model: keras.Model, config: TrainConfig,
-                      strategy=None, communication_options=None) -> "Trainer":
+                      strategy=None) -> "Trainer":
         """A Trainer with the optimizer, loss and metrics of `model.compile`.
 
         Args:
@@ -157,7 +158,6 @@ class Trainer:
                 `strategy.scope()`.
             config: A `TrainConfig` (global batch size, checkpoints, ...).
             strategy: Default: the strategy the model was compiled under.
-            communication_options: As in the constructor.
 
         Raises:
             ValueError: The model is not compiled, or its loss is a list or
@@ -176,8 +176,7 @@ class Trainer:
         metrics = _compat.compiled_metrics(model)
         return cls(model=model, optimizer=model.optimizer, loss_fn=loss,
                    strategy=strategy or model.distribute_strategy,
-                   config=config, metrics=metrics,
-                   communication_options=communication_options)
+                   config=config, metrics=metrics)
 
     def fit(self, x=None, y=None, batch_size: Optional[int] = None,
             epochs: int = 1, verbose=None,
@@ -386,8 +385,13 @@ class Trainer:
             callback_list.on_train_batch_begin(batch)
             signals = [float(bool(self.model.stop_training)),
                        float(watch.requested)]
-            loss, (stop, preempt), metric_logs = self._train_one_step(
-                feed, signals)
+            result = self._train_step.run(
+                int(self.step.numpy()) + 1,
+                lambda: feed.next(self.config.num_accumulation_steps),
+                signals, self.timer)
+            loss, stop, preempt = result.loss, result.stop, result.preempt
+            metric_logs = result.metrics
+            self._skipped_steps += int(result.skipped)
             self.step.assign_add(1)
             step = int(self.step.numpy())
             loss_total += loss
@@ -417,61 +421,6 @@ class Trainer:
                 break
         logs["learning_rate"] = self._learning_rate()
         return dict(logs)
-
-    def _is_timed(self, step: int) -> bool:
-        """Whether step number `step` (1-based) is run part by part.
-
-        A function of the step number alone, so an interrupted and resumed
-        run takes exactly the same path at every step as an uninterrupted one.
-        """
-        if self.loss_scale is not None:
-            return True  # fp16 needs the host between sync and apply
-        remainder = step % self.config.log_steps
-        return (self.config.timed_steps_per_log > 0 and (
-            remainder == 0 or
-            remainder > self.config.log_steps - self.config.timed_steps_per_log))
-
-    def _train_one_step(self, feed, signals):
-        """One optimizer step.
-
-        Returns:
-            (reduced loss, (stop, preempt) as any worker flagged them for
-            this step, metric logs).
-        """
-        timer = self.timer
-        timed = self._is_timed(int(self.step.numpy()) + 1)
-        signals = tf.constant(signals, tf.float32)
-        timer.start()
-        micro_batches = feed.next(self.config.num_accumulation_steps)
-        timer.mark("input_wait")
-        if not timed:
-            control, metrics = self._train_step.fused(micro_batches, signals)
-            loss, flags = self._control(control)
-            timer.stop(timed=False)
-            return loss, flags, {k: float(v) for k, v in metrics.items()}
-        loss, grads = self._train_step.compute(micro_batches)
-        self._local(loss).numpy()  # wait for the backward pass
-        timer.mark("compute")
-        control, grads, finite, _ = self._train_step.sync(loss, grads, signals)
-        loss, flags = self._control(control)
-        finite = bool(self._local(finite))
-        timer.mark("sync")
-        if finite or self.loss_scale is None:
-            self._train_step.apply(grads)
-            self.optimizer.iterations.numpy()  # wait for the update
-        if self.loss_scale is not None:
-            self.loss_scale.update(finite)
-            self._skipped_steps += 0 if finite else 1
-        timer.mark("update")
-        # The very first part-by-part step traces the functions: not counted.
-        timer.stop(timed=self._split_steps > 0)
-        self._split_steps += 1
-        return loss, flags, self._metric_logs()
-
-    def _control(self, control):
-        """[loss, stop, preempt] (reduced) -> (loss, (stop, preempt))."""
-        values = self._local(control).numpy()
-        return float(values[0]), (bool(values[1] > 0), bool(values[2] > 0))
 
     def _agreed_stop(self) -> bool:
         """`model.stop_training` at an epoch's end, agreed by all workers

@@ -128,8 +128,7 @@ def main(argv):
     trainer = trainer_lib.Trainer(
         model=model, optimizer=optimizer,
         loss_fn=keras.losses.MeanSquaredError(), strategy=strategy,
-        config=train_config, metrics=metrics,
-        communication_options=cluster_lib.communication_options(config))
+        config=train_config, metrics=metrics)
 
     micro = args.global_batch // args.accum
 
