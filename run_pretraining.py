@@ -12,7 +12,7 @@ their command lines (and --flagfile files) carry over.
 
 This file is the edge: it defines the flags (grouped by concern in
 --helpfull), turns them into one frozen `PretrainingConfig`, and calls
-`models.bert_pretraining.train_and_evaluate`, which does the rest.
+`pretraining.train_and_evaluate`, which does the rest.
 """
 
 import logging
@@ -179,7 +179,7 @@ def config_from_flags():
     from input_pipelines.bert_records import BertRecordSpec
     from input_pipelines.tfrecord import TFRecordConfig
     from models import bert_config
-    from models.bert_pretraining import PretrainingConfig
+    from pretraining import PretrainingConfig
     from tfscale.cluster import ClusterConfig
     from tfscale.optim import OptimConfig
     from tfscale.train_config import TrainConfig
@@ -294,7 +294,7 @@ def main(argv):
         fail(f"unexpected arguments {argv[1:]}")
     quiet_tensorflow()
     config = config_from_flags()
-    from models.bert_pretraining import PretrainingError, train_and_evaluate
+    from pretraining import PretrainingError, train_and_evaluate
     from tfscale.preemption import Preempted
     try:
         train_and_evaluate(config)
