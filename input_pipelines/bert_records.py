@@ -54,7 +54,7 @@ def feature_spec(spec: BertRecordSpec) -> dict:
 
 
 # The flag (and spec field) that fixes each feature's length.
-LENGTH_FLAGS = {"input_ids": "max_seq_length", "input_mask": "max_seq_length",
+LENGTH_FLAG_OF = {"input_ids": "max_seq_length", "input_mask": "max_seq_length",
                 "segment_ids": "max_seq_length",
                 "masked_lm_positions": "max_predictions_per_seq",
                 "masked_lm_ids": "max_predictions_per_seq",
@@ -134,7 +134,7 @@ def describe_record(record: bytes, spec: BertRecordSpec,
             if features[name].WhichOneof("kind") != kind:
                 return (f"feature {name!r} is a "
                         f"{features[name].WhichOneof('kind')}, expected {kind}")
-            flag = LENGTH_FLAGS.get(name)
+            flag = LENGTH_FLAG_OF.get(name)
             wanted = (f"--{flag}={getattr(spec, flag)} expects "
                       f"{feature_def.shape[0]}" if flag else
                       f"expected {feature_def.shape[0]}")

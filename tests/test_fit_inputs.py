@@ -23,6 +23,17 @@ def mlp(strategy, seed=3):
                                  keras.layers.Dense(1)])
 
 
+def compiled_trainer(strategy, **compile_args):
+    """An MLP compiled under `strategy` with SGD and MSE, and its Trainer
+    (global batch 32)."""
+    model = mlp(strategy)
+    with strategy.scope():
+        model.compile(optimizer=keras.optimizers.SGD(0.05),
+                      loss=compile_args.pop("loss", "mse"), **compile_args)
+    return model, Trainer.from_compiled(
+        model, TrainConfig(global_batch_size=32, verbose=0))
+
+
 def weights(model):
     return [v.numpy() for v in model.trainable_variables]
 
@@ -39,12 +50,7 @@ def test_dataset_of_global_batches_matches_keras_fit_on_one_device():
     reference.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     reference.fit(dataset, epochs=2, verbose=0, shuffle=False)
 
-    strategy = mirrored(TWO_CPUS)
-    model = mlp(strategy)
-    with strategy.scope():
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    trainer = Trainer.from_compiled(model, TrainConfig(global_batch_size=32,
-                                                       verbose=0))
+    model, trainer = compiled_trainer(mirrored(TWO_CPUS))
     history = trainer.fit(dataset, epochs=2)
     assert history.epoch == [0, 1]
     assert int(trainer.step.numpy()) == 16
@@ -54,13 +60,7 @@ def test_dataset_of_global_batches_matches_keras_fit_on_one_device():
 def test_arrays_validation_initial_epoch_and_compiled_metrics():
     x, y = data(256)
     xv, yv = data(70, seed=1)
-    strategy = mirrored(TWO_CPUS)
-    model = mlp(strategy)
-    with strategy.scope():
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse",
-                      metrics=["mae"])
-    trainer = Trainer.from_compiled(model, TrainConfig(global_batch_size=32,
-                                                       verbose=0))
+    model, trainer = compiled_trainer(mirrored(TWO_CPUS), metrics=["mae"])
     history = trainer.fit(x, y, batch_size=32, epochs=3,
                           validation_data=(xv, yv), initial_epoch=1)
     assert history.epoch == [1, 2]
@@ -91,13 +91,8 @@ def test_sample_weights_as_keras_fit_weighs_them():
                       loss=keras.losses.MeanSquaredError())
     reference.fit(x, y, sample_weight=w, batch_size=32, epochs=2,
                   shuffle=False, verbose=0)
-    strategy = mirrored(TWO_CPUS)
-    model = mlp(strategy)
-    with strategy.scope():
-        model.compile(optimizer=keras.optimizers.SGD(0.05),
-                      loss=keras.losses.MeanSquaredError())
-    trainer = Trainer.from_compiled(model, TrainConfig(global_batch_size=32,
-                                                       verbose=0))
+    model, trainer = compiled_trainer(mirrored(TWO_CPUS),
+                                      loss=keras.losses.MeanSquaredError())
     trainer.fit(x, y, sample_weight=w, batch_size=32, epochs=2, shuffle=False)
     assert_same(model, reference)
 
@@ -105,11 +100,7 @@ def test_sample_weights_as_keras_fit_weighs_them():
 def test_inputs_that_do_not_fit_are_one_line_errors():
     x, y = data(64)
     strategy = mirrored(TWO_CPUS)
-    model = mlp(strategy)
-    with strategy.scope():
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    trainer = Trainer.from_compiled(model, TrainConfig(global_batch_size=32,
-                                                       verbose=0))
+    _, trainer = compiled_trainer(strategy)
     with pytest.raises(ValueError, match="batch_size 16 differs from the "
                                          "Trainer's global batch size 32"):
         trainer.fit(x, y, batch_size=16)
