@@ -135,9 +135,30 @@ flags.DEFINE_bool("use_fp16", False, "Same as --precision=mixed_float16.",
 flags.DEFINE_enum("optimizer_type", None, ["lamb", "adam", "adamw", "sgd"],
                   "Same as --optimizer (adam: AdamW, BERT's "
                   "AdamWeightDecay).", **NVIDIA)
+flags.DEFINE_bool("amp", False, "NVIDIA TF1: same as --use_fp16.", **NVIDIA)
+flags.DEFINE_string("input_files_dir", None, "NVIDIA TF1: a directory of "
+                    "training records (read as DIR/*).", **NVIDIA)
+flags.DEFINE_string("eval_files_dir", None, "NVIDIA TF1: a directory of "
+                    "evaluation records (read as DIR/*).", **NVIDIA)
+flags.DEFINE_integer("num_train_epochs", None, "NVIDIA TF2: with "
+                     "--num_steps_per_epoch, sets --num_train_steps to "
+                     "their product.", **NVIDIA)
+flags.DEFINE_integer("num_steps_per_epoch", None, "NVIDIA TF2: see "
+                     "--num_train_epochs.", **NVIDIA)
+for _name, _meaning in (
+        ("horovod", "tfscale connects its workers itself (launch.local, "
+         "srun, TF_CONFIG)"),
+        ("use_horovod", "as --horovod"),
+        ("allreduce_post_accumulation", "tfscale always all-reduces once, "
+         "after accumulation"),
+        ("manual_fp16", "tfscale's fp16 is Keras's mixed_float16 policy"),
+        ("report_loss", "the loss is logged every --iterations_per_loop")):
+    flags.DEFINE_bool(_name, False, f"NVIDIA: accepted; {_meaning}.",
+                      **NVIDIA)
 for _alias, _original in (("log_steps", "iterations_per_loop"),
                           ("steps_per_loop", "iterations_per_loop"),
-                          ("enable_xla", "xla"), ("input_files", "input_file"),
+                          ("enable_xla", "xla"), ("use_xla", "xla"),
+                          ("input_files", "input_file"),
                           ("warmup_steps", "num_warmup_steps"),
                           ("model_dir", "output_dir")):
     flags.DEFINE_alias(_alias, _original, **NVIDIA)
@@ -173,6 +194,11 @@ def flag_message(message: str) -> str:
     return message
 
 
+def _directory_glob(directory):
+    """NVIDIA's --input_files_dir / --eval_files_dir: every file in it."""
+    return os.path.join(directory, "*") if directory else None
+
+
 def config_from_flags():
     """FLAGS -> a frozen, validated `PretrainingConfig` (the only FLAGS
     reader). Exits with one line naming the flag on a bad value."""
@@ -184,7 +210,10 @@ def config_from_flags():
     from tfscale.optim import OptimConfig
     from tfscale.train_config import TrainConfig
 
-    if not FLAGS.input_file:
+    input_file = FLAGS.input_file or _directory_glob(FLAGS.input_files_dir)
+    eval_input_file = (FLAGS.eval_input_file or
+                       _directory_glob(FLAGS.eval_files_dir))
+    if not input_file:
         fail("--input_file is required")
     if not FLAGS.output_dir:
         fail("--output_dir is required")
@@ -192,10 +221,15 @@ def config_from_flags():
         fail("--use_tpu=True: TPUs are not supported; tfscale runs on GPUs and "
              "CPUs (drop --use_tpu and the --tpu_* flags)")
     precision_name = FLAGS.precision
-    if FLAGS.use_fp16:
+    if FLAGS.use_fp16 or FLAGS.amp:
         if FLAGS.precision not in ("float32", "mixed_float16"):
-            fail(f"--use_fp16 contradicts --precision={FLAGS.precision}")
+            fail(f"--use_fp16/--amp contradicts --precision={FLAGS.precision}")
         precision_name = "mixed_float16"
+    num_train_steps = FLAGS.num_train_steps
+    if FLAGS.num_train_epochs or FLAGS.num_steps_per_epoch:
+        if not (FLAGS.num_train_epochs and FLAGS.num_steps_per_epoch):
+            fail("--num_train_epochs and --num_steps_per_epoch go together")
+        num_train_steps = FLAGS.num_train_epochs * FLAGS.num_steps_per_epoch
     optimizer_name = FLAGS.optimizer
     if FLAGS.optimizer_type:
         # NVIDIA's "adam" is BERT's AdamWeightDecay: decoupled decay, AdamW.
@@ -217,9 +251,9 @@ def config_from_flags():
             fail(f"--profile_steps must be 'first,last', got "
                  f"{FLAGS.profile_steps!r}")
     eval_records = None
-    if FLAGS.do_eval or FLAGS.eval_input_file:
+    if FLAGS.do_eval or eval_input_file:
         # Google's script evaluates on --input_file when there is nothing else.
-        eval_records = TFRecordConfig(FLAGS.eval_input_file or FLAGS.input_file,
+        eval_records = TFRecordConfig(eval_input_file or input_file,
                                       training=False)
     try:
         return PretrainingConfig(
@@ -228,7 +262,7 @@ def config_from_flags():
             spec=BertRecordSpec(FLAGS.max_seq_length,
                                 FLAGS.max_predictions_per_seq),
             train_records=TFRecordConfig(
-                FLAGS.input_file, training=True,
+                input_file, training=True,
                 shuffle_buffer_size=FLAGS.shuffle_buffer_size,
                 cycle_length=FLAGS.cycle_length,
                 deterministic=FLAGS.deterministic, seed=FLAGS.seed,
@@ -237,7 +271,7 @@ def config_from_flags():
                 optimizer=optimizer_name, learning_rate=FLAGS.learning_rate,
                 schedule=FLAGS.lr_schedule,
                 warmup_steps=FLAGS.num_warmup_steps,
-                total_steps=FLAGS.num_train_steps,
+                total_steps=num_train_steps,
                 weight_decay=FLAGS.weight_decay, scaling_rule=FLAGS.lr_scaling,
                 reference_batch_size=FLAGS.reference_batch_size),
             cluster=ClusterConfig(

@@ -101,3 +101,12 @@ def test_cluster_config_validates():
         ClusterConfig(all_reduce_alg="mpi")
     with pytest.raises(ValueError, match="bytes_per_pack"):
         ClusterConfig(bytes_per_pack=-1)
+
+
+@pytest.mark.parametrize("variable", ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+def test_started_by_mpirun_is_an_error_not_n_lone_chiefs(variable):
+    with pytest.raises(ClusterError, match=rf"one of 4 MPI processes "
+                       rf"\({variable}\) but tfscale connects workers from "
+                       "TF_CONFIG or SLURM"):
+        resolve_cluster({variable: "4"})
+    assert resolve_cluster({variable: "1"}).num_workers == 1

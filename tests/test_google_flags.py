@@ -141,3 +141,27 @@ def test_google_command_on_two_workers_writes_eval_results_once(
     keys, results = read_eval_results(out / "eval_results.txt")
     assert keys == GOOGLE_KEYS and results["global_step"] == 20
     assert output.count("tfscale run_pretraining done") == 1  # chief only
+
+
+def test_nvidia_tf1_command_line_runs(corpus, tmp_path):  # noqa: F811
+    """NVIDIA DeepLearningExamples' TF1 run_pretraining.py flags (directory
+    inputs, --amp, --use_xla, --horovod, accumulation, LAMB); epochs x steps
+    per epoch from its TF2 script."""
+    out = tmp_path / "nvidia"
+    code, output = run_command(
+        [sys.executable, "run_pretraining.py",
+         f"--input_files_dir={corpus}/records",
+         f"--eval_files_dir={corpus}/records", f"--output_dir={out}",
+         f"--bert_config_file={corpus}/bert_config.json", "--do_train=True",
+         "--do_eval=True", "--train_batch_size=32", "--eval_batch_size=32",
+         "--max_seq_length=32", "--max_predictions_per_seq=5",
+         "--num_train_epochs=2", "--num_steps_per_epoch=3",
+         "--num_warmup_steps=2", "--num_accumulation_steps=2",
+         "--save_checkpoints_steps=3", "--learning_rate=1e-3",
+         "--optimizer_type=lamb", "--horovod", "--amp", "--use_xla",
+         "--allreduce_post_accumulation=True", "--max_eval_steps=2"],
+        timeout=300)
+    assert code == 0, output[-5000:]
+    assert "precision mixed_float16, XLA on" in output
+    keys, results = read_eval_results(out / "eval_results.txt")
+    assert keys == GOOGLE_KEYS and results["global_step"] == 6

@@ -134,8 +134,22 @@ def resolve_cluster(environ: Mapping[str, str] = None,
         return _from_tf_config(environ["TF_CONFIG"])
     if "SLURM_PROCID" in environ and _slurm_num_tasks(environ) > 1:
         return _from_slurm(environ, slurm_port_base)
+    for variable in _MPI_SIZE_VARIABLES:
+        size = environ.get(variable, "1").strip()
+        if size.isdigit() and int(size) > 1:
+            # N copies that each believed they were alone would all train,
+            # and write the same files, as the chief.
+            raise ClusterError(
+                f"started as one of {size} MPI processes ({variable}) but "
+                "tfscale connects workers from TF_CONFIG or SLURM: start "
+                "them with `python -m launch.local --num_workers N -- ...`, "
+                "`srun`, or Kubernetes")
     return ClusterInfo(cluster={}, task_type=_WORKER, task_index=0,
                        source="single")
+
+
+# What mpirun / horovodrun (Open MPI, MPICH, Intel MPI) set in each process.
+_MPI_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
 
 
 def _from_tf_config(text: str) -> ClusterInfo:
