@@ -2,6 +2,14 @@
 
     python -m launch.local --num_workers 2 [--port 20000] [--max_restarts 1] \
         -- python run_pretraining.py --input_file=... --output_dir=...
+    python -m launch.local --backend mpi --num_workers 2 \
+        -- python run_pretraining.py --backend=mpi ...
+
+With `--backend mpi` the workers are the ranks of one `mpirun` (Open MPI's
+or MPICH's, found next to this Python or on PATH, or `--mpirun`), which
+connects them; the same guarantees hold: prefixed output, signals passed on
+to every rank (which then save a preemption checkpoint), a dead rank ends the
+attempt with its rank named, restarts from the last checkpoint.
 
 Each worker gets a TF_CONFIG naming every worker on 127.0.0.1 (free ports are
 found, not assumed) and its share of the cores as TensorFlow thread counts,
@@ -19,6 +27,9 @@ import argparse
 import dataclasses
 import json
 import os
+import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -85,10 +96,7 @@ def worker_specs(command: Sequence[str], num_workers: int, ports: Sequence[int],
             env["TF_CONFIG"] = json.dumps({
                 "cluster": {"worker": addresses},
                 "task": {"type": "worker", "index": index}})
-        if threads_per_worker:
-            env["TF_NUM_INTRAOP_THREADS"] = str(threads_per_worker)
-            env["TF_NUM_INTEROP_THREADS"] = str(min(2, threads_per_worker))
-            env["OMP_NUM_THREADS"] = str(threads_per_worker)
+        env.update(thread_env(threads_per_worker))
         env["TFSCALE_WORKER_INDEX"] = str(index)
         # TensorFlow's C++ INFO lines (one per collective, per server start)
         # off; warnings and errors stay. A value of one's own wins.
@@ -96,6 +104,70 @@ def worker_specs(command: Sequence[str], num_workers: int, ports: Sequence[int],
         env["PYTHONUNBUFFERED"] = "1"
         specs.append(WorkerSpec(index, list(command), env))
     return specs
+
+
+def thread_env(threads_per_worker: Optional[int]) -> dict:
+    """TensorFlow's (and OpenMP's) thread counts for one worker."""
+    if not threads_per_worker:
+        return {}
+    return {"TF_NUM_INTRAOP_THREADS": str(threads_per_worker),
+            "TF_NUM_INTEROP_THREADS": str(min(2, threads_per_worker)),
+            "OMP_NUM_THREADS": str(threads_per_worker)}
+
+
+def find_mpirun(explicit: Optional[str] = None) -> str:
+    """The `mpirun` to use: `explicit`, the one installed beside this Python
+    (`pip install 'tfscale[mpi]'`), or the first on PATH.
+
+    Raises:
+        ValueError: None found.
+    """
+    if explicit:
+        found = shutil.which(explicit)
+        if not found:
+            raise ValueError(f"--mpirun {explicit}: not found or not "
+                             "executable")
+        return found
+    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("mpirun") or shutil.which("mpiexec")
+    if not found:
+        raise ValueError("--backend mpi needs mpirun: pip install "
+                         "'tfscale[mpi]' (Open MPI from PyPI), load your "
+                         "site's MPI module, or pass --mpirun PATH")
+    return found
+
+
+def mpirun_command(command: Sequence[str], num_workers: int, mpirun: str, *,
+                   as_root: bool = False,
+                   extra_args: Sequence[str] = ()) -> List[str]:
+    """The `mpirun` command line that starts `num_workers` ranks of
+    `command` on this host (Open MPI's options)."""
+    if num_workers < 1:
+        raise ValueError(f"--num_workers must be >= 1, got {num_workers}")
+    if not command:
+        raise ValueError("no command to run: put it after '--'")
+    head = [mpirun, "-np", str(num_workers),
+            # Every line tagged with its rank ([job,rank]<stdout>: ...).
+            "--output", "tag",
+            # Thread counts are set per worker; more ranks than cores is
+            # allowed, as with the gRPC backend.
+            "--bind-to", "none", "--oversubscribe"]
+    if as_root:
+        head.append("--allow-run-as-root")
+    return head + list(extra_args) + list(command)
+
+
+def mpi_env(base_env: Mapping[str, str],
+            threads_per_worker: Optional[int]) -> dict:
+    """The environment mpirun passes to every rank."""
+    env = dict(base_env)
+    env.pop("TF_CONFIG", None)
+    env.update(thread_env(threads_per_worker))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
 
 
 def default_threads(num_workers: int) -> int:
@@ -207,11 +279,112 @@ class _Group:
             thread.join(timeout=5)
 
 
+_TAGGED = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)$")
+_RANK_SIGNAL = re.compile(
+    r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal (\d+)")
+_RANK_EXIT = re.compile(r"Process name: \[[^\]]*,(\d+)\]\s+Exit code:\s+(\d+)")
+
+
+class _MpiGroup:
+    """The ranks of one `mpirun` (the same interface as `_Group`)."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str], out):
+        self._out = out
+        self._lock = threading.Lock()
+        self._mpirun_text = []
+        self.proc = subprocess.Popen(
+            list(command), env=dict(env), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=(_die_with_launcher if sys.platform == "linux"
+                        else None))
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self):
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            tagged = _TAGGED.match(line)
+            if tagged:
+                line = f"[worker {tagged.group(1)}] {tagged.group(2)}"
+            else:
+                self._mpirun_text.append(line)
+                if not line.strip() or set(line.strip()) <= {"-"}:
+                    continue
+                line = f"[mpirun] {line}"
+            with self._lock:
+                self._out.write(line + "\n")
+                self._out.flush()
+
+    def first_failure(self):
+        """(rank, code) of the failed rank (code < 0: killed by a signal),
+        (None, mpirun's status) if mpirun did not say, or None."""
+        code = self.proc.poll()
+        if code is None or code == 0:
+            return None
+        self._thread.join(timeout=5)  # mpirun's last words
+        text = " ".join(self._mpirun_text)
+        died = _RANK_SIGNAL.search(text)
+        if died:
+            return int(died.group(1)), -int(died.group(2))
+        exited = _RANK_EXIT.search(text)
+        if exited:
+            return int(exited.group(1)), int(exited.group(2))
+        return None, code
+
+    def all_done(self) -> bool:
+        return self.proc.poll() is not None
+
+    def _ranks(self) -> List[int]:
+        """The rank processes: mpirun's children (mpirun itself would kill
+        the job at once on SIGTERM, before any rank could save)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children"
+                      ) as f:
+                return [int(pid) for pid in f.read().split()]
+        except OSError:
+            return []
+
+    def signal_all(self, sig):
+        if self.proc.poll() is not None:
+            return
+        ranks = self._ranks() if sig != signal.SIGKILL else []
+        targets = ranks or [None]
+        for pid in targets:
+            try:
+                if pid is None:
+                    os.killpg(self.proc.pid, sig)
+                else:
+                    os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace_seconds: float, sig=signal.SIGTERM):
+        if sig is not None:
+            self.signal_all(sig)
+        deadline = time.monotonic() + grace_seconds
+        while time.monotonic() < deadline and not self.all_done():
+            time.sleep(POLL_SECONDS)
+        if not self.all_done():
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        self._thread.join(timeout=5)
+
+
 def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
         max_restarts: int = 0, host: str = "127.0.0.1",
         threads_per_worker: Optional[int] = None, grace_seconds: float = 30.0,
-        base_env: Optional[Mapping[str, str]] = None, out=None) -> int:
+        base_env: Optional[Mapping[str, str]] = None, out=None,
+        backend: str = "mwms", mpirun: Optional[str] = None,
+        mpirun_args: Sequence[str] = ()) -> int:
     """Runs `command` as `num_workers` workers until all succeed.
+
+    `backend="mwms"` starts the processes with a TF_CONFIG each; "mpi" starts
+    them as the ranks of one `mpirun` (`mpirun` and `mpirun_args` choose it
+    and add options).
 
     A worker that fails (crash, kill -9, or exit 143 after saving a
     preemption checkpoint) stops the attempt; while restarts remain, all
@@ -229,8 +402,25 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
     """
     if max_restarts < 0:
         raise ValueError(f"--max_restarts must be >= 0, got {max_restarts}")
+    if backend not in ("mwms", "mpi"):
+        raise ValueError(f"--backend must be mwms or mpi, got {backend!r}")
     out = out or sys.stdout
     base_env = dict(os.environ if base_env is None else base_env)
+    if backend == "mpi":
+        mpi_command = mpirun_command(
+            command, num_workers, find_mpirun(mpirun),
+            as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+            extra_args=mpirun_args)
+        env = mpi_env(base_env, threads_per_worker)
+
+        def start():
+            return _MpiGroup(mpi_command, env, out)
+    else:
+        def start():
+            ports = (list(range(port, port + num_workers)) if port
+                     else find_free_ports(num_workers, host))
+            return _Group(worker_specs(command, num_workers, ports, base_env,
+                                       host, threads_per_worker), out)
     interrupted = []
 
     def on_signal(signum, _frame):
@@ -241,11 +431,7 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
     code = 0
     try:
         for attempt in range(max_restarts + 1):
-            ports = (list(range(port, port + num_workers)) if port
-                     else find_free_ports(num_workers, host))
-            specs = worker_specs(command, num_workers, ports, base_env, host,
-                                 threads_per_worker)
-            group = _Group(specs, out)
+            group = start()
             failure = None
             while not interrupted:
                 failure = group.first_failure()
@@ -262,20 +448,21 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
                 group.stop(grace_seconds)
                 return 0
             index, code = failure
+            who = "an MPI rank" if index is None else f"worker {index}"
             if code == PREEMPTED_EXIT_CODE:
                 # The others are saving the same checkpoint: let them finish.
-                _say(out, f"worker {index} was preempted (exit {code}, "
+                _say(out, f"{who} was preempted (exit {code}, "
                           f"checkpoint saved); waiting for the others")
                 group.stop(grace_seconds, sig=None)
             else:
                 # The others cannot finish a step (or a checkpoint) without
                 # it: there is nothing to wait for.
-                _say(out, f"worker {index} failed ({describe_exit(code)}); "
+                _say(out, f"{who} failed ({describe_exit(code)}); "
                           f"stopping the other workers")
                 group.stop(0.0, sig=signal.SIGKILL)
             if attempt < max_restarts:
                 _say(out, f"restart {attempt + 1}/{max_restarts}: starting "
-                          f"{num_workers} workers again (cause: worker {index} "
+                          f"{num_workers} workers again (cause: {who} "
                           f"{describe_exit(code)})")
         return shell_code(code)
     finally:
@@ -293,6 +480,17 @@ def parse_args(argv: Sequence[str]):
         prog="tfscale-launch", description=__doc__.split("\n\n")[0],
         usage="%(prog)s --num_workers N [options] -- command ...")
     parser.add_argument("--num_workers", type=int, required=True)
+    parser.add_argument("--backend", choices=["mwms", "mpi"], default="mwms",
+                        help="mwms: one process per worker with a TF_CONFIG "
+                             "(MultiWorkerMirroredStrategy); mpi: the ranks "
+                             "of one mpirun (run the command with "
+                             "--backend=mpi)")
+    parser.add_argument("--mpirun", default=None,
+                        help="--backend mpi: the mpirun to use (default: "
+                             "beside this Python, else on PATH)")
+    parser.add_argument("--mpirun_args", default="",
+                        help="--backend mpi: extra mpirun options, e.g. "
+                             "\"--mca btl tcp,self\"")
     parser.add_argument("--port", type=int, default=None,
                         help="first of N consecutive ports (default: free ports)")
     parser.add_argument("--host", default="127.0.0.1")
@@ -321,9 +519,16 @@ def parse_args(argv: Sequence[str]):
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     threads = args.threads_per_worker or default_threads(args.num_workers)
-    return run(args.command, args.num_workers, port=args.port,
-               max_restarts=args.max_restarts, host=args.host,
-               threads_per_worker=threads, grace_seconds=args.grace_seconds)
+    try:
+        return run(args.command, args.num_workers, port=args.port,
+                   max_restarts=args.max_restarts, host=args.host,
+                   threads_per_worker=threads,
+                   grace_seconds=args.grace_seconds, backend=args.backend,
+                   mpirun=args.mpirun,
+                   mpirun_args=shlex.split(args.mpirun_args))
+    except ValueError as e:
+        print(f"tfscale-launch: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ Sources, in order of precedence:
   1. `TF_CONFIG` (Kubernetes operators, `launch.local`, hand-written configs).
   2. SLURM (`srun python run_pretraining.py ...`): one worker per task.
   3. Neither: a single worker.
+With the MPI backend the ranks come from the MPI launcher instead (`mpirun`,
+`launch.local --backend mpi`, `srun --mpi=pmix`), which also connects them.
 """
 
 import dataclasses
@@ -21,6 +23,7 @@ from typing import Mapping, Optional, Sequence
 _CHIEF = "chief"
 _WORKER = "worker"
 _ALL_REDUCE_ALGS = ("auto", "ring", "nccl")
+_BACKENDS = ("mwms", "mpi")
 
 
 class ClusterError(ValueError):
@@ -32,6 +35,10 @@ class ClusterConfig:
     """How workers talk to each other.
 
     Attributes:
+        backend: "mwms" (default): MultiWorkerMirroredStrategy's collectives
+            (ring over gRPC on CPUs, NCCL on GPUs), workers from TF_CONFIG or
+            SLURM. "mpi": one single-replica process per MPI rank, gradients
+            summed with MPI.Allreduce (see `tfscale/mpi.py`).
         all_reduce_alg: Collective implementation: "auto", "ring" or "nccl".
         bytes_per_pack: Gradients are packed into chunks of about this many
             bytes per all-reduce; 0 lets TensorFlow choose (one pack).
@@ -44,6 +51,7 @@ class ClusterConfig:
             SLURM; task i on a node listens on port base + i.
     """
 
+    backend: str = "mwms"
     all_reduce_alg: str = "auto"
     bytes_per_pack: int = 0
     collective_timeout_seconds: Optional[float] = 300.0
@@ -51,6 +59,9 @@ class ClusterConfig:
     slurm_port_base: int = 8888
 
     def __post_init__(self):
+        if self.backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {_BACKENDS}, got "
+                             f"{self.backend!r}")
         if self.all_reduce_alg not in _ALL_REDUCE_ALGS:
             raise ValueError(
                 f"all_reduce_alg must be one of {_ALL_REDUCE_ALGS}, "
@@ -74,23 +85,30 @@ class ClusterInfo:
             a single worker.
         task_type: "chief" or "worker" (TF_CONFIG's words).
         task_index: Index within `task_type`.
-        source: "tf_config", "slurm" or "single".
+        source: "tf_config", "slurm", "mpi" or "single".
+        world_size: "mpi": the number of ranks (MPI connects them: no
+            addresses in `cluster`); `task_index` is the rank.
     """
 
     cluster: Mapping[str, Sequence[str]]
     task_type: str
     task_index: int
     source: str
+    world_size: Optional[int] = None
 
     @property
     def num_workers(self) -> int:
         """Number of worker processes, chief included."""
+        if self.world_size is not None:
+            return self.world_size
         return max(1, len(self.cluster.get(_CHIEF, ())) +
                    len(self.cluster.get(_WORKER, ())))
 
     @property
     def worker_index(self) -> int:
         """Global index of this process in [0, num_workers); chief is 0."""
+        if self.world_size is not None:
+            return self.task_index
         if self.task_type == _CHIEF:
             return 0
         return len(self.cluster.get(_CHIEF, ())) + self.task_index
@@ -115,12 +133,14 @@ class ClusterInfo:
 
 
 def resolve_cluster(environ: Mapping[str, str] = None,
-                    slurm_port_base: int = 8888) -> ClusterInfo:
+                    slurm_port_base: int = 8888,
+                    backend: str = "mwms") -> ClusterInfo:
     """Reads the cluster from the environment.
 
     Args:
         environ: The environment; `os.environ` when None.
         slurm_port_base: Port of the first task on each SLURM node.
+        backend: "mwms" or "mpi" (see `ClusterConfig`).
 
     Returns:
         A `ClusterInfo`.
@@ -130,6 +150,8 @@ def resolve_cluster(environ: Mapping[str, str] = None,
             message names the variable and what is wrong with it.
     """
     environ = os.environ if environ is None else environ
+    if backend == "mpi":
+        return _from_mpi(environ)
     if environ.get("TF_CONFIG", "").strip():
         return _from_tf_config(environ["TF_CONFIG"])
     if "SLURM_PROCID" in environ and _slurm_num_tasks(environ) > 1:
@@ -140,16 +162,61 @@ def resolve_cluster(environ: Mapping[str, str] = None,
             # N copies that each believed they were alone would all train,
             # and write the same files, as the chief.
             raise ClusterError(
-                f"started as one of {size} MPI processes ({variable}) but "
-                "tfscale connects workers from TF_CONFIG or SLURM: start "
-                "them with `python -m launch.local --num_workers N -- ...`, "
-                "`srun`, or Kubernetes")
+                f"started as one of {size} MPI processes ({variable}) "
+                "without --backend=mpi: pass --backend=mpi (Python: "
+                "ClusterConfig(backend='mpi')), or start MultiWorkerMirrored"
+                "Strategy workers with `python -m launch.local --num_workers "
+                "N -- ...`, `srun`, or Kubernetes")
     return ClusterInfo(cluster={}, task_type=_WORKER, task_index=0,
                        source="single")
 
 
 # What mpirun / horovodrun (Open MPI, MPICH, Intel MPI) set in each process.
 _MPI_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
+# (rank, size) variables: Open MPI's mpirun; MPICH / Intel MPI (and srun
+# --mpi=pmi2); PMIx under srun --mpi=pmix, where SLURM gives the size.
+_MPI_WORLD_VARIABLES = (
+    ("OMPI_COMM_WORLD_RANK", ("OMPI_COMM_WORLD_SIZE",)),
+    ("PMI_RANK", ("PMI_SIZE",)),
+    ("PMIX_RANK", ("PMIX_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")),
+)
+
+
+def _from_mpi(environ) -> ClusterInfo:
+    """The rank and size the MPI launcher set (none: one process)."""
+    for rank_variable, size_variables in _MPI_WORLD_VARIABLES:
+        if rank_variable not in environ:
+            continue
+        size_variable = next((v for v in size_variables if v in environ),
+                             None)
+        if size_variable is None:
+            raise ClusterError(f"{rank_variable} is set but none of "
+                               f"{', '.join(size_variables)} is")
+        values = {}
+        for name in (rank_variable, size_variable):
+            try:
+                values[name] = int(environ[name])
+            except ValueError:
+                raise ClusterError(f"{name} is not an integer: "
+                                   f"{environ[name]!r}") from None
+        rank, size = values[rank_variable], values[size_variable]
+        if not 0 <= rank < size:
+            raise ClusterError(f"{rank_variable}={rank} is out of range for "
+                               f"{size_variable}={size}")
+        return ClusterInfo(cluster={}, task_type=_WORKER, task_index=rank,
+                           source="mpi", world_size=size)
+    if "SLURM_PROCID" in environ and _slurm_num_tasks(environ) > 1:
+        raise ClusterError(
+            "--backend=mpi under srun needs MPI's process manager: run "
+            "`srun --mpi=pmix ...` (or --mpi=pmi2); plain srun starts "
+            f"{_slurm_num_tasks(environ)} unconnected processes")
+    if environ.get("TF_CONFIG", "").strip():
+        raise ClusterError(
+            "TF_CONFIG is set but --backend=mpi takes its ranks from MPI: "
+            "start with `python -m launch.local --backend mpi`, `mpirun` or "
+            "`srun --mpi=pmix`, or drop --backend=mpi")
+    return ClusterInfo(cluster={}, task_type=_WORKER, task_index=0,
+                       source="mpi", world_size=1)
 
 
 def _from_tf_config(text: str) -> ClusterInfo:
@@ -262,14 +329,26 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
             local GPUs, else the CPU).
 
     Returns:
-        A `MultiWorkerMirroredStrategy` when there is more than one worker,
-        else a `MirroredStrategy` over the local devices.
+        Backend "mpi": this rank's single-replica strategy (its local GPU or
+        the CPU). Otherwise a `MultiWorkerMirroredStrategy` when there is
+        more than one worker, else a `MirroredStrategy` over the local
+        devices.
 
     Raises:
-        ClusterError: This worker's port is already in use.
+        ClusterError: This worker's port is already in use; MPI's rank or
+            size disagrees with the environment.
     """
     import tensorflow as tf
 
+    if config.backend == "mpi":
+        from tfscale import mpi
+        comm = mpi.import_mpi().COMM_WORLD
+        if (comm.rank, comm.size) != (info.worker_index, info.num_workers):
+            raise ClusterError(
+                f"MPI says rank {comm.rank} of {comm.size}, the environment "
+                f"rank {info.worker_index} of {info.num_workers}: is mpi4py "
+                "built against the MPI that started this process?")
+        return mpi.make_strategy()
     if info.num_workers == 1:
         if devices is None:
             gpus = tf.config.list_logical_devices("GPU")

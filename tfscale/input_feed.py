@@ -30,18 +30,24 @@ class InputFeed:
 
     Args:
         strategy: The strategy.
+        num_replicas: Replicas over all workers (more than the strategy's
+            when each process runs its own single-replica strategy, MPI).
         dataset_fn: `fn(tf.distribute.InputContext) -> tf.data.Dataset` of
             per-replica batches.
         num_workers: Number of workers (input pipelines).
         worker_index: This worker's index.
     """
 
-    def __init__(self, strategy, dataset_fn, *, num_workers: int,
-                 worker_index: int):
-        replicas = strategy.num_replicas_in_sync
+    def __init__(self, strategy, dataset_fn, *, num_replicas: int,
+                 num_workers: int, worker_index: int):
+        replicas = num_replicas
         self._strategy = strategy
         self._local_replicas = replicas // num_workers
-        self._first_replica = worker_index * self._local_replicas
+        # Replica ids in `strategy` are global (MultiWorkerMirroredStrategy)
+        # or local (a strategy of this process only).
+        spans_workers = strategy.num_replicas_in_sync > self._local_replicas
+        self._first_replica = (worker_index * self._local_replicas
+                               if spans_workers else 0)
         context = tf.distribute.InputContext(
             num_input_pipelines=num_workers, input_pipeline_id=worker_index,
             num_replicas_in_sync=replicas)

@@ -36,6 +36,7 @@ import tensorflow as tf
 from tfscale import _compat
 from tfscale import callback_files
 from tfscale.cluster import chief_and_worker_count
+from tfscale.collectives import StrategyCollectives
 
 
 def enable_multi_worker_fit() -> None:
@@ -148,19 +149,11 @@ class AgreeOnStop(keras.callbacks.Callback):
 
     def __init__(self, strategy):
         super().__init__()
-        self._strategy = strategy
-
-        def replica_fn(flag):
-            return tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, tf.identity(flag))
-        self._reduce = tf.function(
-            lambda flag: strategy.run(replica_fn, args=(flag,)))
+        self._collectives = StrategyCollectives(strategy)
 
     def _agree(self):
-        flag = tf.constant(1.0 if self.model.stop_training else 0.0)
-        total = self._strategy.experimental_local_results(
-            self._reduce(flag))[0]
-        self.model.stop_training = bool(total > 0)
+        flag = float(bool(self.model.stop_training))
+        self.model.stop_training = self._collectives.agree(flag) > 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._agree()

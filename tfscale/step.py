@@ -5,7 +5,7 @@ One optimizer step is three parts:
     compute  per replica: forward and backward over k micro-batches, gradients
              summed locally (XLA-compiled when asked). No communication.
     sync     one all-reduce of [loss and flags, *gradients] across all
-             replicas, then
+             replicas (through the backend's `collectives.py` object), then
              loss-scale removal, a finite check and global-norm clipping.
     apply    the optimizer update with the reduced gradients.
 
@@ -33,8 +33,6 @@ from typing import Callable, Optional, Sequence
 
 import keras
 import tensorflow as tf
-
-from tfscale import _compat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +118,9 @@ class TrainStep:
             (`_compat.disable_gradient_aggregation`).
         loss_fn: `keras.losses.Loss` or `fn(y_true, y_pred) -> [batch]`.
         metrics: Keras metrics updated with (y_true, y_pred) per micro-batch.
-        strategy: The `tf.distribute` strategy; the all-reduce uses the
-            communication options it was created with.
+        strategy: The `tf.distribute` strategy.
+        collectives: The backend's collectives (`collectives.py`): the
+            all-reduce, and whether metric states must be summed here.
         config: A `StepConfig`.
         loss_scale: A `precision.DynamicLossScale` for fp16, else None.
 
@@ -132,14 +131,15 @@ class TrainStep:
 
     def __init__(self, *, model, optimizer, loss_fn: Callable,
                  metrics: Sequence[keras.metrics.Metric], strategy,
-                 config: StepConfig, loss_scale=None):
+                 collectives, config: StepConfig, loss_scale=None):
         self._model = model
         self._optimizer = optimizer
         self._loss_fn = unreduced(loss_fn)
         self._metrics = list(metrics)
+        self._metric_variables = _metric_variables(metrics, collectives)
         self._strategy = strategy
+        self._collectives = collectives
         self._config = config
-        self._options = _compat.communication_options(strategy)
         self._loss_scale = loss_scale
         self._split_steps = 0
         self._variables = model.trainable_variables
@@ -161,7 +161,7 @@ class TrainStep:
             loss = tf.reduce_sum(losses) / self._config.global_batch_size
             if self._model.losses:
                 # Regularization is counted once per optimizer step in total.
-                replicas = (self._strategy.num_replicas_in_sync *
+                replicas = (self._collectives.num_replicas *
                             self._config.num_accumulation_steps)
                 loss += tf.add_n([tf.cast(l, tf.float32)
                                   for l in self._model.losses]) / replicas
@@ -177,6 +177,7 @@ class TrainStep:
     def _replica_compute(self, micro_batches):
         loss_sum = tf.constant(0.0)
         grad_sum = None
+        before = [tf.identity(v) for v in self._metric_variables]
         for batch in micro_batches:
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
             loss, grads, y_pred = self._forward_backward(x, y, sample_weight)
@@ -185,10 +186,10 @@ class TrainStep:
             loss_sum += loss
             grad_sum = grads if grad_sum is None else [
                 a + b for a, b in zip(grad_sum, grads)]
-        return loss_sum, grad_sum
+        deltas = [v - b for v, b in zip(self._metric_variables, before)]
+        return loss_sum, grad_sum, deltas
 
-    def _replica_sync(self, loss, grads, signals):
-        context = tf.distribute.get_replica_context()
+    def _replica_sync(self, loss, grads, deltas, signals):
         # The loss and the host's flags (stop_training, preemption) ride in
         # the gradients' all-reduce: every worker learns any worker's flags
         # at the same step, with no collective of their own.
@@ -196,10 +197,12 @@ class TrainStep:
                              tf.cast(signals, tf.float32)], axis=0)
         # tf.identity gives the values the replica's device: inputs that
         # come from another tf.function carry none, and all_reduce needs it.
-        values = [tf.identity(control)] + [tf.identity(g) for g in grads]
-        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, values,
-                                     options=self._options)
-        control, grads = reduced[0], reduced[1:]
+        values = ([tf.identity(control)] + [tf.identity(g) for g in grads]
+                  + [tf.identity(d) for d in deltas])
+        reduced = self._collectives.all_reduce(values)
+        control = reduced[0]
+        grads = reduced[1:1 + len(grads)]
+        _add_others(self._metric_variables, deltas, reduced[1 + len(grads):])
         if self._loss_scale is not None:
             inverse = 1.0 / tf.cast(self._loss_scale.scale, tf.float32)
             grads = [g * tf.cast(inverse, g.dtype) for g in grads]
@@ -217,8 +220,9 @@ class TrainStep:
         self._optimizer.apply(grads, self._variables)
 
     def _replica_fused(self, micro_batches, signals):
-        loss, grads = self._replica_compute(micro_batches)
-        control, grads, _, _ = self._replica_sync(loss, grads, signals)
+        loss, grads, deltas = self._replica_compute(micro_batches)
+        control, grads, _, _ = self._replica_sync(loss, grads, deltas,
+                                                  signals)
         self._replica_apply(grads)
         return control
 
@@ -261,10 +265,10 @@ class TrainStep:
             timer.stop(timed=False)
             return StepResult(loss, stop, preempt,
                               {k: float(v) for k, v in metrics.items()})
-        loss, grads = self.compute(micro_batches)
+        loss, grads, deltas = self.compute(micro_batches)
         self._local(loss).numpy()  # wait for the backward pass
         timer.mark("compute")
-        control, grads, finite, _ = self.sync(loss, grads, signals)
+        control, grads, finite, _ = self.sync(loss, grads, deltas, signals)
         loss, stop, preempt = self._control(control)
         finite = bool(self._local(finite))
         timer.mark("sync")
@@ -320,38 +324,72 @@ class TrainStep:
     def _compute(self, micro_batches):
         return self._strategy.run(self._replica_compute, args=(micro_batches,))
 
-    def _sync(self, loss, grads, signals):
+    def _sync(self, loss, grads, deltas, signals):
         return self._strategy.run(self._replica_sync,
-                                  args=(loss, grads, signals))
+                                  args=(loss, grads, deltas, signals))
 
     def _apply(self, grads):
         self._strategy.run(self._replica_apply, args=(grads,))
 
 
+def _metric_variables(metrics, collectives) -> list:
+    """The metric states the step must sum over processes (MPI backend; a
+    strategy's own metric variables aggregate on read)."""
+    if not collectives.reduces_metrics:
+        return []
+    return [v for m in metrics for v in m.variables]
+
+
+def _add_others(variables, local_deltas, summed_deltas) -> None:
+    """Adds the other processes' metric updates: each process then holds the
+    global states (every metric state of Keras's metrics is a sum)."""
+    for v, mine, total in zip(variables, local_deltas, summed_deltas):
+        v.assign_add(total - mine)
+
+
 class EvalStep:
     """Compiled evaluation step: loss and metrics, all-reduced.
 
-    Returns the summed per-example loss and the example count, so the mean
-    over a whole (possibly uneven) evaluation set is exact.
+    Returns the summed per-example loss, the example count and the number of
+    processes that had a batch, so the mean over a whole (possibly uneven)
+    evaluation set is exact. `run_empty` is the same collective for a
+    process whose input has ended while others' has not (MPI backend).
     """
 
-    def __init__(self, *, model, loss_fn, metrics, strategy):
+    def __init__(self, *, model, loss_fn, metrics, strategy, collectives):
         self._model = model
         self._loss_fn = unreduced(loss_fn)
         self._metrics = list(metrics)
+        self._metric_variables = _metric_variables(metrics, collectives)
         self._strategy = strategy
+        self._collectives = collectives
         self.run = tf.function(self._run)
+        self.run_empty = tf.function(self._run_empty)
 
     def _replica_step(self, batch):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+        before = [tf.identity(v) for v in self._metric_variables]
         y_pred = self._model(x, training=False)
         losses = self._loss_fn(y, y_pred, sample_weight)
         count = tf.cast(tf.shape(losses)[0], tf.float32)
         for metric in self._metrics:
             metric.update_state(y, y_pred, sample_weight=sample_weight)
-        context = tf.distribute.get_replica_context()
-        return context.all_reduce(tf.distribute.ReduceOp.SUM,
-                                  [tf.reduce_sum(losses), count])
+        deltas = [v - b for v, b in zip(self._metric_variables, before)]
+        return self._reduce(tf.reduce_sum(losses), count, 1.0, deltas)
+
+    def _replica_empty(self):
+        deltas = [tf.zeros_like(v) for v in self._metric_variables]
+        return self._reduce(0.0, 0.0, 0.0, deltas)
+
+    def _reduce(self, total, count, has_batch, deltas):
+        values = [tf.stack([tf.cast(total, tf.float32), count,
+                            tf.constant(has_batch)])] + deltas
+        reduced = self._collectives.all_reduce(values)
+        _add_others(self._metric_variables, deltas, reduced[1:])
+        return reduced[0]
 
     def _run(self, batch):
         return self._strategy.run(self._replica_step, args=(batch,))
+
+    def _run_empty(self):
+        return self._strategy.run(self._replica_empty)

@@ -25,9 +25,9 @@ from absl import logging
 from tfscale import _compat
 from tfscale import callback_files
 from tfscale import checkpointing
+from tfscale import collectives as collectives_lib
 from tfscale import fit_inputs
 from tfscale import precision as precision_lib
-from tfscale.cluster import chief_and_worker_count, worker_index
 from tfscale.input_feed import InputFeed, InputPipelineError
 from tfscale.preemption import Preempted, SignalWatch
 from tfscale.step import EvalStep, StepConfig, TrainStep
@@ -44,9 +44,15 @@ class Trainer:
         loss_fn: `keras.losses.Loss` or `fn(y_true, y_pred)` returning one
             loss per example.
         strategy: The strategy (from `tfscale.cluster.make_strategy`, or any
-            `MirroredStrategy` / `MultiWorkerMirroredStrategy`).
+            `MirroredStrategy` / `MultiWorkerMirroredStrategy`; with backend
+            "mpi", a single-replica one such as `tfscale.mpi.make_strategy()`).
         config: A `TrainConfig`.
         metrics: Keras metrics, created under `strategy.scope()`.
+        backend: How workers sum gradients: "mwms" (default: the
+            strategy's collectives, gRPC on CPUs, NCCL on GPUs) or "mpi"
+            (`MPI.Allreduce` between processes started by mpirun,
+            `launch.local --backend mpi` or `srun --mpi=pmix`; see
+            `tfscale/mpi.py`); or a collectives object (`collectives.py`).
 
     Raises:
         ValueError: The global batch does not divide into replicas x
@@ -65,8 +71,11 @@ class Trainer:
 
     def __init__(self, *, model: keras.Model, optimizer, loss_fn: Callable,
                  strategy, config: TrainConfig,
-                 metrics: Sequence[keras.metrics.Metric] = ()):
-        replicas = strategy.num_replicas_in_sync
+                 metrics: Sequence[keras.metrics.Metric] = (),
+                 backend="mwms"):
+        self.collectives = (collectives_lib.make(backend, strategy)
+                            if isinstance(backend, str) else backend)
+        replicas = self.collectives.num_replicas
         divisor = replicas * config.num_accumulation_steps
         if config.global_batch_size % divisor:
             raise ValueError(
@@ -93,8 +102,9 @@ class Trainer:
         self.strategy = strategy
         self.config = config
         self.metrics = list(metrics)
-        self.is_chief, self.num_workers = chief_and_worker_count(strategy)
-        self.worker_index = worker_index(strategy)
+        self.is_chief = self.collectives.is_chief
+        self.num_workers = self.collectives.num_workers
+        self.worker_index = self.collectives.worker_index
         self.per_replica_batch_size = config.global_batch_size // divisor
         with strategy.scope():
             optimizer.build(model.trainable_variables)
@@ -118,14 +128,15 @@ class Trainer:
         self._train_step = TrainStep(
             model=model, optimizer=optimizer, loss_fn=loss_fn,
             metrics=self.metrics, strategy=strategy,
+            collectives=self.collectives,
             config=StepConfig(config.global_batch_size,
                               config.num_accumulation_steps,
                               config.jit_compile, config.clip_global_norm,
                               config.log_steps, config.timed_steps_per_log),
             loss_scale=self.loss_scale)
         self._eval_step = EvalStep(model=model, loss_fn=loss_fn,
-                                   metrics=self.metrics, strategy=strategy)
-        self._agree = tf.function(self._agree_fn)
+                                   metrics=self.metrics, strategy=strategy,
+                                   collectives=self.collectives)
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
         self._interval_loss, self._interval_steps = 0.0, 0
         self._skipped_steps = 0  # fp16 steps skipped in this log interval
@@ -137,9 +148,7 @@ class Trainer:
             trackables = checkpointing.training_trackables(
                 model, optimizer, self.step, loss_scale=self.loss_scale,
                 metrics=self.metrics)
-            barrier = None
-            if self.num_workers > 1:
-                barrier = lambda: self._agree(tf.constant(0.0))  # noqa: E731
+            barrier = self.collectives.barrier if self.num_workers > 1 else None
             self._keeper = checkpointing.CheckpointKeeper(
                 config.checkpoint_dir, is_chief=self.is_chief,
                 worker_index=self.worker_index, num_workers=self.num_workers,
@@ -150,7 +159,7 @@ class Trainer:
 
     @classmethod
     def from_compiled(cls, model: keras.Model, config: TrainConfig,
-                      strategy=None) -> "Trainer":
+                      strategy=None, backend="mwms") -> "Trainer":
         """A Trainer with the optimizer, loss and metrics of `model.compile`.
 
         Args:
@@ -158,6 +167,7 @@ class Trainer:
                 `strategy.scope()`.
             config: A `TrainConfig` (global batch size, checkpoints, ...).
             strategy: Default: the strategy the model was compiled under.
+            backend: As in the constructor.
 
         Raises:
             ValueError: The model is not compiled, or its loss is a list or
@@ -176,7 +186,7 @@ class Trainer:
         metrics = _compat.compiled_metrics(model)
         return cls(model=model, optimizer=model.optimizer, loss_fn=loss,
                    strategy=strategy or model.distribute_strategy,
-                   config=config, metrics=metrics)
+                   config=config, metrics=metrics, backend=backend)
 
     def fit(self, x=None, y=None, batch_size: Optional[int] = None,
             epochs: int = 1, verbose=None,
@@ -292,8 +302,14 @@ class Trainer:
         self.timer.reset()
         self._interval_loss, self._interval_steps = 0.0, 0
         feed = InputFeed(self.strategy, dataset_fn,
+                         num_replicas=self.collectives.num_replicas,
                          num_workers=self.num_workers,
                          worker_index=self.worker_index)
+        # A fresh start begins from the chief's weights (MPI; a strategy
+        # synchronized them when it created them); a checkpoint, read by
+        # every worker, overrides them.
+        self.collectives.broadcast_from_chief(
+            self.model.variables + self.optimizer.variables)
         restored = None
         if self._keeper:
             self._keeper.track_input(feed.iterator)
@@ -350,21 +366,34 @@ class Trainer:
         dataset_fn = self._evaluation_fn(x, batch_size, y, sample_weight)
         for metric in self.metrics:
             metric.reset_state()
-        iterator = iter(self.strategy.distribute_datasets_from_function(
-            dataset_fn))
+        if self.collectives.num_replicas > self.strategy.num_replicas_in_sync:
+            # One replica per process (MPI): this process's shard; the
+            # others may have more batches (run_empty matches them).
+            feed = InputFeed(self.strategy, dataset_fn,
+                             num_replicas=self.collectives.num_replicas,
+                             num_workers=self.num_workers,
+                             worker_index=self.worker_index)
+            iterator = feed.iterator
+        else:
+            # The distributed iterator pads and agrees on the end.
+            iterator = iter(self.strategy.distribute_datasets_from_function(
+                dataset_fn))
         loss_sum = count = 0.0
         batches = 0
         while steps is None or batches < steps:
             try:
                 optional = iterator.get_next_as_optional()
+                has_value = bool(optional.has_value())
             except tf.errors.OpError as e:
                 raise InputPipelineError(
                     e.message.strip().splitlines()[0]) from e
-            if not optional.has_value():
+            totals = (self._eval_step.run(optional.get_value()) if has_value
+                      else self._eval_step.run_empty())
+            total, n, had_batch = self._local(totals).numpy()
+            if not had_batch:
                 break
-            total, n = self._eval_step.run(optional.get_value())
-            loss_sum += float(self._local(total))
-            count += float(self._local(n))
+            loss_sum += float(total)
+            count += float(n)
             batches += 1
         logs = {"loss": loss_sum / max(count, 1.0)}
         logs.update(self._metric_logs())
@@ -428,16 +457,9 @@ class Trainer:
         inside an epoch the flag rides in the step's all-reduce instead."""
         if self.num_workers == 1:
             return bool(self.model.stop_training)
-        flag = tf.constant(1.0 if self.model.stop_training else 0.0)
-        stop = bool(self._local(self._agree(flag)) > 0)
+        stop = self.collectives.agree(float(bool(self.model.stop_training))) > 0
         self.model.stop_training = stop
         return stop
-
-    def _agree_fn(self, flag):
-        def replica_fn():
-            return tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, tf.identity(flag))
-        return self.strategy.run(replica_fn)
 
     # ---- helpers -------------------------------------------------------------
 
@@ -493,7 +515,7 @@ class Trainer:
         exit together rather than one after another (a coordination service
         whose peer exits first reports it as crashed)."""
         if self.num_workers > 1:
-            self._local(self._agree(tf.constant(0.0))).numpy()
+            self.collectives.barrier()
 
     def _log(self, message: str):
         if self.is_chief:

@@ -82,6 +82,10 @@ def main(argv):
     p.add_argument("--stop_at", type=int, default=0)
     p.add_argument("--connect_timeout", type=float, default=60)
     p.add_argument("--slurm_port_base", type=int, default=8888)
+    p.add_argument("--backend", default="mwms", choices=["mwms", "mpi"])
+    p.add_argument("--different_init", action="store_true",
+                   help="seed each worker differently: the start must "
+                        "still be the chief's weights")
     p.add_argument("--keras_fit", action="store_true",
                    help="train with model.fit + tfscale.enable_multi_worker_fit")
     p.add_argument("--dump_initial", action="store_true",
@@ -95,13 +99,16 @@ def main(argv):
     from absl import logging
     logging.set_verbosity(logging.INFO)  # the Trainer's "resumed from" lines
     try:
-        info = cluster_lib.resolve_cluster(slurm_port_base=args.slurm_port_base)
+        info = cluster_lib.resolve_cluster(slurm_port_base=args.slurm_port_base,
+                                           backend=args.backend)
     except cluster_lib.ClusterError as e:
         sys.exit(f"tfscale: error: {e}")
+    if args.different_init:
+        keras.utils.set_random_seed(1 + info.worker_index)
     config = cluster_lib.ClusterConfig(
         collective_timeout_seconds=60,
         connect_timeout_seconds=args.connect_timeout,
-        slurm_port_base=args.slurm_port_base)
+        slurm_port_base=args.slurm_port_base, backend=args.backend)
     try:
         strategy = cluster_lib.make_strategy(info, config)
     except cluster_lib.ClusterError as e:
@@ -128,7 +135,7 @@ def main(argv):
     trainer = trainer_lib.Trainer(
         model=model, optimizer=optimizer,
         loss_fn=keras.losses.MeanSquaredError(), strategy=strategy,
-        config=train_config, metrics=metrics)
+        config=train_config, metrics=metrics, backend=args.backend)
 
     micro = args.global_batch // args.accum
 
