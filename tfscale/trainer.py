@@ -438,6 +438,9 @@ class Trainer:
                 stop, preempt = self.model.stop_training, watch.requested
             if preempt:
                 self._save()
+                # Exit together: an MPI launcher ends the job as soon as one
+                # rank exits, possibly before the chief's checkpoint is done.
+                self.barrier()
                 self._log(f"preempted (SIGTERM): saved step {step}, exiting "
                           "with code 143")
                 raise Preempted(step, self.checkpoint_path)

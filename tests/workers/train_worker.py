@@ -83,6 +83,9 @@ def main(argv):
     p.add_argument("--connect_timeout", type=float, default=60)
     p.add_argument("--slurm_port_base", type=int, default=8888)
     p.add_argument("--backend", default="mwms", choices=["mwms", "mpi"])
+    p.add_argument("--evaluate", action="store_true",
+                   help="after fit, evaluate on 65 examples sharded so that "
+                        "2 workers hold 3 and 2 batches")
     p.add_argument("--different_init", action="store_true",
                    help="seed each worker differently: the start must "
                         "still be the chief's weights")
@@ -176,12 +179,20 @@ def main(argv):
         callbacks.append(Crash())
     trainer.fit(dataset_fn, steps_per_epoch=args.steps, epochs=args.epochs,
                 callbacks=callbacks)
+    evaluation = None
+    if args.evaluate:
+        def eval_fn(context):
+            ds = tf.data.Dataset.from_tensor_slices((x[:65], y[:65]))
+            ds = ds.shard(context.num_input_pipelines,
+                          context.input_pipeline_id)
+            return ds.batch(context.get_per_replica_batch_size(32))
+        evaluation = trainer.evaluate(eval_fn)
     index = info.worker_index
     np.savez(os.path.join(args.out, f"weights_{index}.npz"),
              *[v.numpy() for v in model.trainable_variables])
     with open(os.path.join(args.out, f"events_{index}.json"), "w") as f:
         json.dump({"events": log.events, "step": int(trainer.step.numpy()),
-                   "is_chief": trainer.is_chief}, f)
+                   "is_chief": trainer.is_chief, "eval": evaluation}, f)
 
 
 def keras_fit(args, info, strategy, model, optimizer, x, y):

@@ -1,0 +1,161 @@
+"""The MPI backend (tfscale/mpi.py): the all-reduce in the graph, and real
+runs of 2 ranks started by `launch.local --backend mpi` (mpirun).
+
+Invariants as for MultiWorkerMirroredStrategy (tests/test_multiworker.py):
+2 ranks with global batch B end where 1 process with batch B ends (with
+accumulation, clipping after the reduction, metrics and an uneven evaluation
+set), the ranks agree bit for bit although each initialised its model with
+another seed (the chief's weights are broadcast), and a rank killed with -9
+is named, the job restarted, and the run ends bit-identical to an
+uninterrupted one. The flagship run (BERT through run_pretraining.py) under
+MPI is in tests/test_resume.py and tests/test_google_flags.py.
+"""
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import run_workers
+from tfscale.mpi import MpiCollectives
+
+
+class FakeComm:
+    """Two ranks whose peer holds the same values: Allreduce doubles."""
+
+    size, rank = 2, 0
+
+    def __init__(self):
+        self.calls = []
+
+    def Allreduce(self, send, receive, op):
+        self.calls.append(send.size)
+        receive[...] = 2 * send
+
+
+def one_replica():
+    return tf.distribute.OneDeviceStrategy("/cpu:0")
+
+
+@pytest.mark.parametrize("bucket_bytes, calls", [
+    (0, [1 + 6 + 12, 3]),     # one buffer per dtype: float32, then int32
+    (28, [1 + 6, 3, 12]),     # cut at 28 bytes and at dtypes, reverse order
+])
+def test_all_reduce_sums_every_tensor_in_fused_or_bucketed_buffers(
+        bucket_bytes, calls):
+    comm = FakeComm()
+    collectives = MpiCollectives(one_replica(), comm=comm,
+                                 bucket_bytes=bucket_bytes)
+    values = [tf.constant([[1.0, 2.0, 3.0]] * 4),       # 12 float32
+              tf.constant([1, 2, 3], tf.int32),          # 3 int32
+              tf.constant([[0.5, -1.0]] * 3),            # 6 float32
+              tf.constant([7.0])]                        # 1 float32
+    reduced = tf.function(collectives.all_reduce)(values)
+    for value, total in zip(values, reduced):
+        assert total.dtype == value.dtype and total.shape == value.shape
+        np.testing.assert_array_equal(total.numpy(), 2 * value.numpy())
+    # Reverse layer order: the last tensors (ready first in a backward
+    # pass) go first.
+    assert sorted(comm.calls) == sorted(calls)
+    if bucket_bytes:
+        assert comm.calls == calls
+
+
+def test_one_rank_needs_no_communication():
+    collectives = MpiCollectives(one_replica())  # COMM_WORLD of size 1
+    assert (collectives.num_workers, collectives.is_chief) == (1, True)
+    out = tf.function(collectives.all_reduce)([tf.constant([1.0, 2.0])])
+    np.testing.assert_array_equal(out[0].numpy(), [1.0, 2.0])
+    assert collectives.agree(3.0) == 3.0
+
+
+def test_several_replicas_per_process_is_an_error():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) \
+        if len(tf.config.list_logical_devices("CPU")) > 1 else None
+    if strategy is None:
+        pytest.skip("needs 2 logical CPUs")
+    with pytest.raises(ValueError, match="one replica per process"):
+        MpiCollectives(strategy)
+
+
+# ---- real ranks --------------------------------------------------------------
+
+WORKER = ["tests.workers.train_worker"]
+ARGS = ["--accum", "2", "--clip", "0.5", "--steps", "6", "--save_steps", "2",
+        "--evaluate"]
+
+
+def run(tmp_path_factory, name, num_workers, backend, *extra,
+        launcher_args=()):
+    out = tmp_path_factory.mktemp(name)
+    files = tmp_path_factory.mktemp(name + "-files")
+    args = [*WORKER, "--out", str(out), "--backend", backend, *ARGS,
+            "--checkpoint_dir", str(files / "ckpt"),
+            "--csv", str(files / "log.csv"), *extra]
+    launcher = (["--backend", "mpi"] if backend == "mpi" else [])
+    _, output = run_workers(num_workers, args,
+                            launcher_args=launcher + list(launcher_args))
+    return out, files, output
+
+
+def weights(out, index):
+    data = np.load(os.path.join(out, f"weights_{index}.npz"))
+    return [data[k] for k in sorted(data.files, key=lambda k: int(k[4:]))]
+
+
+def events(out, index):
+    with open(os.path.join(out, f"events_{index}.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    return run(tmp_path_factory, "one", 1, "mwms")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    return run(tmp_path_factory, "mpi2", 2, "mpi", "--different_init")
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one_process(one_process, two_ranks):
+    (one, _, _), (two, files, _) = one_process, two_ranks
+    for a, b in zip(weights(one, 0), weights(two, 0)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # Seeded differently, yet identical: both started from the chief's.
+    for a, b in zip(weights(two, 0), weights(two, 1)):
+        np.testing.assert_array_equal(a, b)
+    # Metrics are the global batch's on every rank, as on one process.
+    logs = [[e[2] for e in events(out, i)["events"] if e[0] == "batch_end"]
+            for out, i in ((one, 0), (two, 0), (two, 1))]
+    for key in ("loss", "mae"):
+        np.testing.assert_allclose([l[key] for l in logs[1]],
+                                   [l[key] for l in logs[0]], rtol=1e-5)
+        assert [l[key] for l in logs[1]] == [l[key] for l in logs[2]]
+    # Evaluation over 65 examples held as 3 + 2 batches: every one counted.
+    for key, value in events(one, 0)["eval"].items():
+        np.testing.assert_allclose(events(two, 0)["eval"][key], value,
+                                   rtol=1e-5)
+        assert events(two, 1)["eval"][key] == events(two, 0)["eval"][key]
+    # Rank 0 is the chief: one CSV, written once.
+    assert [events(two, i)["is_chief"] for i in (0, 1)] == [True, False]
+    with open(files / "log.csv") as f:
+        assert len(list(csv.reader(f))) == 2  # header + one epoch
+
+
+@pytest.mark.slow
+def test_killed_rank_is_named_and_the_restart_ends_bit_identical(
+        tmp_path_factory, two_ranks):
+    out, _, output = run(tmp_path_factory, "mpi-crash", 2, "mpi",
+                         "--different_init", "--crash_at", "3",
+                         launcher_args=["--max_restarts", "1"])
+    assert "worker 1 failed (killed by SIGKILL)" in output, output[-3000:]
+    assert "restart 1/1" in output
+    assert "resumed from" in output and "at step 2" in output
+    for index in (0, 1):
+        for a, b in zip(weights(two_ranks[0], index), weights(out, index)):
+            np.testing.assert_array_equal(a, b)
