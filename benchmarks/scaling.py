@@ -14,8 +14,16 @@ of the cores as TensorFlow threads, so the comparison is fair) and reports:
 - the step time split into input wait, compute, gradient sync and update
   (the Trainer's timed steps);
 - gradient all-reduce bandwidth (bytes reduced per step / sync time) next to
-  the ring all-reduce bound 2(N-1)/N x bytes / link bandwidth, with the link
-  bandwidth measured in the same run by a loopback TCP transfer.
+  the ring all-reduce bound: 2(N-1) ring steps, each a bidirectional
+  exchange of bytes/N between two processes, timed in the same run on the
+  backend's own link (TCP loopback for grpc, MPI `Sendrecv` for mpi; see
+  benchmarks/allreduce.py). The older one-way TCP figure (bytes / the
+  bandwidth of one TCP stream, which no bidirectional ring step on shared
+  cores reaches) is kept as a second column.
+
+Backends (`--backends grpc,mpi`): grpc = MultiWorkerMirroredStrategy through
+launch.local, mpi = tfscale's MPI backend through `launch.local --backend
+mpi` (Open MPI's default transport on one host: shared memory).
 
 Variants: base, xla, bf16 (mixed_bfloat16), pack<BYTES> (all-reduce packs),
 batch<N> (per-worker batch for weak scaling). Output: report.md, results.csv,
@@ -33,6 +41,8 @@ import sys
 import threading
 import time
 from typing import List, Optional
+
+from benchmarks import allreduce as allreduce_bench
 
 PHASES = ("input_wait", "compute", "sync", "update")
 DEFAULT_BATCH = {"materials_mlp": 256, "bert_tiny": 16, "gru": 32}
@@ -103,44 +113,78 @@ def ring_allreduce_seconds(nbytes: int, workers: int, bandwidth: float) -> float
     return 2.0 * (workers - 1) / workers * nbytes / bandwidth
 
 
-def analyze(rows: List[dict], bandwidth: float) -> List[dict]:
+def ring_exchange_bound_seconds(nbytes: int, workers: int,
+                                exchange_seconds) -> float:
+    """Ring all-reduce bound from the link as a ring step uses it: 2(N-1)
+    steps, each a bidirectional exchange of nbytes/N (`exchange_seconds(b)`
+    times one exchange of b bytes)."""
+    if workers <= 1:
+        return 0.0
+    return 2.0 * (workers - 1) * exchange_seconds(max(1, nbytes // workers))
+
+
+def link_exchange_seconds(backend: str, nbytes: int, out_dir: str) -> float:
+    """One bidirectional exchange of nbytes between two processes on the
+    backend's link: TCP loopback (grpc) or MPI Sendrecv (mpi)."""
+    if backend == "grpc":
+        return allreduce_bench.tcp_exchange_seconds(nbytes, reps=20)
+    row = allreduce_bench.run_transport("mpi_shm", 2, [nbytes], out_dir,
+                                        budget=2e8, mpirun_args="")[0]
+    return row["link_seconds"]
+
+
+def analyze(rows: List[dict], bandwidth: float,
+            exchange_seconds=None) -> List[dict]:
     """Adds speedup, efficiency and all-reduce figures to each row.
 
-    Rows are grouped by (variant, mode); the 1-worker row of a group is its
-    baseline. speedup = examples/s over the baseline's (for strong scaling,
-    with the same global batch, that equals the step-time ratio).
+    Rows are grouped by (backend, variant, mode); the 1-worker row of a
+    group is its baseline. speedup = examples/s over the baseline's (for
+    strong scaling, with the same global batch, that equals the step-time
+    ratio). `exchange_seconds(backend, nbytes)` times a bidirectional
+    exchange on the backend's link (None: the bound is not computed).
     """
     out = []
     for row in rows:
+        backend = row.get("backend", "grpc")
         base = next((r for r in rows if r["variant"] == row["variant"] and
+                     r.get("backend", "grpc") == backend and
                      r["mode"] == row["mode"] and r["num_workers"] == 1), None)
-        row = dict(row)
+        row = dict(row, backend=backend)
         n = row["num_workers"]
         row["speedup"] = (row["examples_per_second"] /
                           base["examples_per_second"]) if base else float("nan")
         row["efficiency"] = row["speedup"] / n
         row["phase_sum"] = sum(row[p] for p in PHASES)
-        row["ring_bound_seconds"] = ring_allreduce_seconds(
+        row["one_way_bound_seconds"] = ring_allreduce_seconds(
             row["gradient_bytes"], n, bandwidth)
+        row["ring_bound_seconds"] = (ring_exchange_bound_seconds(
+            row["gradient_bytes"], n,
+            lambda b: exchange_seconds(backend, b))
+            if exchange_seconds and n > 1 else float("nan"))
         if n > 1 and row["sync"] > 0:
             row["allreduce_bandwidth"] = row["gradient_bytes"] / row["sync"]
             row["sync_vs_bound"] = row["ring_bound_seconds"] / row["sync"]
+            row["sync_vs_one_way"] = row["one_way_bound_seconds"] / row["sync"]
         else:
             row["allreduce_bandwidth"] = row["sync_vs_bound"] = float("nan")
+            row["sync_vs_one_way"] = float("nan")
         out.append(row)
     return out
 
 
 def run_point(model, workers, global_batch, variant, mode, steps, warmup,
-              out_dir, timeout=1800) -> dict:
+              out_dir, timeout=1800, backend="grpc",
+              threads_per_worker=None) -> dict:
     """One measurement: `workers` local workers via launch.local."""
     cores = os.cpu_count() or 1
-    result = os.path.join(out_dir, f"point-{variant.name}-{mode}-"
+    threads = threads_per_worker or max(1, cores // workers)
+    result = os.path.join(out_dir, f"point-{backend}-{variant.name}-{mode}-"
                                    f"{workers}w-{global_batch}.json")
+    launcher = ["--backend", "mpi"] if backend == "mpi" else []
     command = [sys.executable, "-m", "launch.local", "--num_workers",
-               str(workers), "--threads_per_worker",
-               str(max(1, cores // workers)), "--",
-               sys.executable, "-m", "benchmarks.scaling_worker",
+               str(workers), "--threads_per_worker", str(threads), *launcher,
+               "--", sys.executable, "-m", "benchmarks.scaling_worker",
+               "--backend", "mpi" if backend == "mpi" else "mwms",
                "--model", model, "--global_batch_size", str(global_batch),
                "--steps", str(steps), "--warmup_steps", str(warmup),
                "--precision", variant.precision,
@@ -151,7 +195,7 @@ def run_point(model, workers, global_batch, variant, mode, steps, warmup,
     proc = subprocess.run(command, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"{workers} worker(s), {variant.name}: exit "
+        raise RuntimeError(f"{backend}, {workers} worker(s), {variant.name}: exit "
                            f"{proc.returncode}\n{proc.stdout[-4000:]}")
     with open(result) as f:
         return json.load(f)
@@ -166,22 +210,25 @@ def write_outputs(rows, bandwidth, out_dir, title) -> str:
         writer = csv.DictWriter(f, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)
-    lines = [f"{title}; loopback link {bandwidth / 1e9:.2f} GB/s", "",
-             "| variant | mode | workers | global batch | examples/s | speedup |"
-             " efficiency | step ms | input | compute | sync | update |"
-             " all-reduce MB | ring bound ms | bound / sync |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-             "---:|---:|"]
+    lines = [f"{title}; one TCP stream over loopback "
+             f"{bandwidth / 1e9:.2f} GB/s", "",
+             "| backend | variant | mode | workers | global batch | examples/s |"
+             " speedup | efficiency | step ms | input | compute | sync | update"
+             " | all-reduce MB | ring bound ms | bound / sync |"
+             " one-way bound / sync |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+             "---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
-            f"| {r['variant']} | {r['mode']} | {r['num_workers']} | "
+            f"| {r['backend']} | {r['variant']} | {r['mode']} | "
+            f"{r['num_workers']} | "
             f"{r['global_batch_size']} | {r['examples_per_second']:,.0f} | "
             f"{r['speedup']:.2f} | {r['efficiency']:.2f} | "
             f"{1000 * r['step_time']:.1f} | " +
             " | ".join(f"{1000 * r[p]:.1f}" for p in PHASES) +
             f" | {r['gradient_bytes'] / 1e6:.2f} | "
             f"{1000 * r['ring_bound_seconds']:.2f} | "
-            f"{r['sync_vs_bound']:.3f} |")
+            f"{r['sync_vs_bound']:.3f} | {r['sync_vs_one_way']:.3f} |")
     report = "\n".join(lines) + "\n"
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write(report)
@@ -194,16 +241,18 @@ def _plot(rows, out_dir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["variant"], r["mode"]) for r in rows})
+    groups = sorted({(r["backend"], r["variant"], r["mode"]) for r in rows})
     fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
-    for variant, mode in groups:
-        points = sorted((r for r in rows if (r["variant"], r["mode"]) ==
-                         (variant, mode)), key=lambda r: r["num_workers"])
+    for backend, variant, mode in groups:
+        points = sorted((r for r in rows if (r["backend"], r["variant"],
+                                             r["mode"]) ==
+                         (backend, variant, mode)),
+                        key=lambda r: r["num_workers"])
         n = [r["num_workers"] for r in points]
         ax_s.plot(n, [r["speedup"] for r in points], "o-",
-                  label=f"{variant}/{mode}")
+                  label=f"{backend}/{variant}/{mode}")
         ax_e.plot(n, [r["efficiency"] for r in points], "o-",
-                  label=f"{variant}/{mode}")
+                  label=f"{backend}/{variant}/{mode}")
     most = max(r["num_workers"] for r in rows)
     ax_s.plot([1, most], [1, most], "k--", linewidth=0.8, label="linear")
     ticks = sorted({r["num_workers"] for r in rows})
@@ -218,7 +267,8 @@ def _plot(rows, out_dir):
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(max(6, len(rows) * 0.8), 4))
-    labels = [f"{r['variant']}\n{r['mode']}\n{r['num_workers']}w" for r in rows]
+    labels = [f"{r['backend']}\n{r['variant']}\n{r['mode']}\n"
+              f"{r['num_workers']}w" for r in rows]
     bottom = [0.0] * len(rows)
     for phase in PHASES:
         values = [1000 * r[phase] for r in rows]
@@ -239,6 +289,12 @@ def main(argv=None):
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--modes", default="weak,strong")
     parser.add_argument("--variants", default="base")
+    parser.add_argument("--backends", default="grpc",
+                        help="grpc (MultiWorkerMirroredStrategy) and/or mpi")
+    parser.add_argument("--threads_per_worker", type=int, default=None,
+                        help="TF threads per worker (default: cores / "
+                             "workers; 1 compares 1 thread per worker with "
+                             "1 worker on 1 thread)")
     parser.add_argument("--per_worker_batch", type=int, default=None)
     parser.add_argument("--global_batch", type=int, default=None,
                         help="strong scaling batch (default: per-worker x max)")
@@ -256,10 +312,13 @@ def main(argv=None):
         variants = [parse_variant(v) for v in args.variants.split(",")]
     except ValueError as e:
         parser.error(str(e))
+    backends = args.backends.split(",")
+    if not set(backends) <= {"grpc", "mpi"}:
+        parser.error("--backends takes grpc and/or mpi")
     os.makedirs(args.output_dir, exist_ok=True)
     bandwidth = measure_loopback_bandwidth()
     rows = []
-    for variant in variants:
+    for backend, variant in ((b, v) for b in backends for v in variants):
         per_worker = (variant.per_worker_batch or args.per_worker_batch or
                       DEFAULT_BATCH[args.model])
         for mode in modes:
@@ -270,15 +329,29 @@ def main(argv=None):
                     continue
                 point = run_point(args.model, n, batch, variant, mode,
                                   args.steps, args.warmup_steps,
-                                  args.output_dir)
-                point.update(variant=variant.name, mode=mode)
+                                  args.output_dir, backend=backend,
+                                  threads_per_worker=args.threads_per_worker)
+                point.update(variant=variant.name, mode=mode, backend=backend)
                 rows.append(point)
-                print(f"{variant.name} {mode} {n} worker(s), batch {batch}: "
+                print(f"{backend} {variant.name} {mode} {n} worker(s), "
+                      f"batch {batch}: "
                       f"{point['examples_per_second']:,.0f} examples/s",
                       flush=True)
-    rows = analyze(rows, bandwidth)
+    exchanges = {}
+
+    def exchange_seconds(backend, nbytes):
+        if (backend, nbytes) not in exchanges:
+            exchanges[backend, nbytes] = link_exchange_seconds(
+                backend, nbytes, args.output_dir)
+        return exchanges[backend, nbytes]
+
+    rows = analyze(rows, bandwidth, exchange_seconds)
+    threads = (f"{args.threads_per_worker} thread(s) per worker"
+               if args.threads_per_worker else "cores / workers threads each")
     title = (f"{args.model}, {args.steps} steps after {args.warmup_steps} "
-             f"warmup, {os.cpu_count()} cores shared by the workers")
+             f"warmup, {os.cpu_count()} cores shared by the workers, "
+             f"{threads}; command: python -m benchmarks.scaling "
+             + " ".join(argv if argv is not None else sys.argv[1:]))
     print(write_outputs(rows, bandwidth, args.output_dir, title))
 
 

@@ -73,13 +73,17 @@ def main(argv):
     p.add_argument("--bytes_per_pack", type=int, default=0)
     p.add_argument("--timed_steps", type=int, default=10)
     p.add_argument("--result_file", required=True)
+    p.add_argument("--backend", default="mwms", choices=["mwms", "mpi"])
     args = p.parse_args(argv)
 
-    info = cluster_lib.resolve_cluster()
-    config = cluster_lib.ClusterConfig(bytes_per_pack=args.bytes_per_pack)
+    info = cluster_lib.resolve_cluster(backend=args.backend)
+    config = cluster_lib.ClusterConfig(backend=args.backend,
+                                       bytes_per_pack=args.bytes_per_pack)
     strategy = cluster_lib.make_strategy(info, config)
     precision.set_precision(args.precision)
-    per_replica = args.global_batch_size // strategy.num_replicas_in_sync
+    replicas = strategy.num_replicas_in_sync * (
+        info.num_workers if args.backend == "mpi" else 1)
+    per_replica = args.global_batch_size // replicas
     make_model, loss_fn, batch = model_and_data(args.model, per_replica)
     keras.utils.set_random_seed(0)
     with strategy.scope():
@@ -90,7 +94,8 @@ def main(argv):
         config=TrainConfig(global_batch_size=args.global_batch_size,
                            jit_compile=args.xla, precision=args.precision,
                            log_steps=args.steps,
-                           timed_steps_per_log=args.timed_steps, verbose=0))
+                           timed_steps_per_log=args.timed_steps, verbose=0),
+        backend=args.backend)
     dataset_fn = lambda context: tf.data.Dataset.from_tensors(batch).repeat()  # noqa: E731
     report = _Report()
     # Warmup (tracing, XLA compilation), then the measured fit.

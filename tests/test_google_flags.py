@@ -148,8 +148,11 @@ def test_nvidia_tf1_command_line_runs(corpus, tmp_path):  # noqa: F811
     inputs, --amp, --use_xla, --horovod, accumulation, LAMB); epochs x steps
     per epoch from its TF2 script."""
     out = tmp_path / "nvidia"
+    # --horovod: started as MPI ranks, as NVIDIA's scripts start it (mpirun).
     code, output = run_command(
-        [sys.executable, "run_pretraining.py",
+        [sys.executable, "-m", "launch.local", "--backend", "mpi",
+         "--num_workers", "2", "--threads_per_worker", "1", "--",
+         sys.executable, "run_pretraining.py",
          f"--input_files_dir={corpus}/records",
          f"--eval_files_dir={corpus}/records", f"--output_dir={out}",
          f"--bert_config_file={corpus}/bert_config.json", "--do_train=True",
@@ -162,6 +165,7 @@ def test_nvidia_tf1_command_line_runs(corpus, tmp_path):  # noqa: F811
          "--allreduce_post_accumulation=True", "--max_eval_steps=2"],
         timeout=300)
     assert code == 0, output[-5000:]
-    assert "precision mixed_float16, XLA on" in output
+    assert "precision mixed_float16, XLA on, all-reduce MPI.Allreduce" in output
+    assert "workers 2 (mpi)" in output
     keys, results = read_eval_results(out / "eval_results.txt")
     assert keys == GOOGLE_KEYS and results["global_step"] == 6

@@ -27,8 +27,9 @@ FLAGSHIP = ["--deterministic", "--seed=7", "--log_steps=5"]
 
 
 def launch(num_workers, args, *, max_restarts=0):
+    backend = ["--backend", "mpi"] if "--backend=mpi" in args else []
     command = [sys.executable, "-m", "launch.local", "--num_workers",
-               str(num_workers), "--threads_per_worker", "1",
+               str(num_workers), "--threads_per_worker", "1", *backend,
                "--max_restarts", str(max_restarts), "--",
                sys.executable, "run_pretraining.py", *args]
     return subprocess.Popen(command, cwd=REPO,
@@ -51,7 +52,9 @@ def worker_pid(marker, index):
                 env = f.read().split(b"\0")
         except OSError:
             continue
-        if f"TFSCALE_WORKER_INDEX={index}".encode() in env and \
+        mine = {f"TFSCALE_WORKER_INDEX={index}".encode(),  # launch.local
+                f"OMPI_COMM_WORLD_RANK={index}".encode()}   # mpirun
+        if mine & set(env) and \
                 b"launch.local" not in open(f"/proc/{pid}/cmdline", "rb").read():
             return pid
     return None
@@ -90,10 +93,12 @@ def assert_bit_identical(a, b):
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-# (Accumulation rides with fp16: one run covers both, the suite's budget.)
+# (Accumulation and fp16 ride with the MPI backend: one run covers all
+# three, the suite's budget.)
 VARIANTS = {"base": [],
-            "fp16_accumulation": ["--precision=mixed_float16",
-                                  "--num_accumulation_steps=2"]}
+            "mpi_fp16_accumulation": ["--backend=mpi",
+                                      "--precision=mixed_float16",
+                                      "--num_accumulation_steps=2"]}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,118 @@
+"""One rank of benchmarks/allreduce.py (started by mpirun or launch.local).
+
+For each size: the time of one all-reduce through the backend's path in
+tfscale (a list of 8 float32 tensors summing to the size, in a tf.function,
+as the Trainer's step issues it), and for MPI also a bare mpi4py `Allreduce`
+of a NumPy buffer of the same size, and the link: a bidirectional exchange
+of the same size between ranks 0 and 1 (`Sendrecv`, what one ring step
+does). Rank 0 writes JSON lines to --result_file.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf  # noqa: E402
+
+from tfscale import cluster as cluster_lib  # noqa: E402
+from tfscale import collectives as collectives_lib  # noqa: E402
+
+PIECES = 8
+
+
+def repetitions(nbytes: int, budget_bytes: float) -> int:
+    return int(max(3, min(50, budget_bytes // max(nbytes, 1))))
+
+
+def timed(fn, reps: int, barrier) -> float:
+    """Median seconds of `fn` over `reps` calls, each started together."""
+    fn()  # warm up (tracing, buffers, connections)
+    times = []
+    for _ in range(reps):
+        barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def tfscale_allreduce(collectives, strategy, nbytes: int):
+    """fn() -> one all-reduce of PIECES tensors totalling nbytes, as the
+    Trainer's step issues it (replica context, inside a tf.function)."""
+    count = nbytes // 4
+    sizes = [count // PIECES] * (PIECES - 1)
+    sizes.append(count - sum(sizes))
+    with strategy.scope():
+        tensors = [tf.ones([n], tf.float32) for n in sizes]
+
+    def replica_fn(values):
+        # (tf.identity places the values on the replica's device, as the
+        # Trainer's step does.)
+        return collectives.all_reduce([tf.identity(v) for v in values])
+
+    @tf.function
+    def reduce(values):
+        return strategy.run(replica_fn, args=(values,))
+
+    def run():
+        out = reduce(tensors)
+        strategy.experimental_local_results(out[-1])[0].numpy()
+    return run
+
+
+def main(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--backend", choices=["mwms", "mpi"], required=True)
+    p.add_argument("--sizes", required=True, help="bytes, comma-separated")
+    p.add_argument("--budget_bytes", type=float, default=2e9,
+                   help="bytes moved per size and method (sets repetitions)")
+    p.add_argument("--result_file", required=True)
+    args = p.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    info = cluster_lib.resolve_cluster(backend=args.backend)
+    config = cluster_lib.ClusterConfig(backend=args.backend,
+                                       collective_timeout_seconds=600)
+    strategy = cluster_lib.make_strategy(info, config)
+    collectives = collectives_lib.make(args.backend, strategy)
+    comm = getattr(collectives, "comm", None)
+    barrier = collectives.barrier
+    rows = []
+    for nbytes in sizes:
+        reps = repetitions(nbytes, args.budget_bytes)
+        row = {"backend": args.backend, "num_workers": info.num_workers,
+               "bytes": nbytes, "repetitions": reps,
+               "tfscale_seconds": timed(
+                   tfscale_allreduce(collectives, strategy, nbytes), reps,
+                   barrier)}
+        if comm is not None:
+            from mpi4py import MPI
+            send = np.ones(nbytes // 4, np.float32)
+            receive = np.empty_like(send)
+            row["bare_seconds"] = timed(
+                lambda: comm.Allreduce(send, receive, op=MPI.SUM), reps,
+                barrier)
+            peer = {0: 1, 1: 0}.get(comm.rank)
+
+            def exchange():
+                if peer is not None:
+                    comm.Sendrecv(send, dest=peer, recvbuf=receive,
+                                  source=peer)
+            row["link_seconds"] = timed(exchange, reps, barrier)
+        rows.append(row)
+        if info.is_chief:
+            print(json.dumps(row), flush=True)
+    if info.is_chief:
+        with open(args.result_file, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    barrier()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
