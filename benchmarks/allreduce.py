@@ -6,8 +6,9 @@ r"""All-reduce benchmark: tfscale's backends against the link they run on.
 For each transport and process count (all on this host; `--mpirun_args
 "--host a,b"` spreads MPI ranks over hosts), each size from 64 KB to 256 MB:
 
-- time of one float32 all-reduce through tfscale's path (what the Trainer's
-  step issues: 8 tensors in a tf.function, summed over processes);
+- time of one float32 all-reduce through tfscale's path, in a tf.function
+  as the Trainer's step issues it: of one tensor (the TensorFlow boundary
+  alone) and of 8 tensors (plus the fusion buffer's concat and split);
   grpc = MultiWorkerMirroredStrategy's collectives, mpi_* = tfscale's MPI
   backend (`tfscale/mpi.py`) with Open MPI's TCP transport (`--mca btl
   tcp,self`) or its shared memory transport (the default on one host);
@@ -129,9 +130,11 @@ def analyze(rows: List[dict]) -> List[dict]:
         row["busbw"] = row["algbw"] * 2 * (n - 1) / n
         row["link_bandwidth"] = nbytes / row["link_seconds"]
         row["fraction_of_link"] = row["busbw"] / row["link_bandwidth"]
+        row["fused_vs_one"] = row["tfscale_seconds"] / row["fused_seconds"]
         if "bare_seconds" in row:
             row["bare_busbw"] = (nbytes / row["bare_seconds"]) * 2 * (n - 1) / n
             row["tfscale_vs_bare"] = row["bare_seconds"] / row["tfscale_seconds"]
+            row["fused_vs_bare"] = row["bare_seconds"] / row["fused_seconds"]
         grpc = next((r for r in rows if r["transport"] == "grpc" and
                      r["num_workers"] == n and r["bytes"] == nbytes), None)
         if grpc and row["transport"] != "grpc":
@@ -152,19 +155,22 @@ def report(rows: List[dict], title: str) -> str:
     lines = [title, "",
              "| transport | N | size | ms | algbw GB/s | busbw GB/s | "
              "link GB/s | busbw / link | bare MPI ms | tfscale / bare | "
-             "x grpc |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "x grpc | 8 tensors ms | 8 tensors / bare |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+             "---:|"]
     for r in rows:
         bare = (f"{1000 * r['bare_seconds']:.2f} | "
                 f"{r['tfscale_vs_bare']:.2f}" if "bare_seconds" in r
                 else "- | -")
+        fused = f"{1000 * r['fused_seconds']:.2f} | " + (
+            f"{r['fused_vs_bare']:.2f}" if "fused_vs_bare" in r else "-")
         speed = (f"{r['speedup_vs_grpc']:.1f}" if "speedup_vs_grpc" in r
                  else "-")
         lines.append(
             f"| {r['transport']} | {r['num_workers']} | {_size(r['bytes'])} | "
             f"{1000 * r['tfscale_seconds']:.2f} | {r['algbw'] / 1e9:.3f} | "
             f"{r['busbw'] / 1e9:.3f} | {r['link_bandwidth'] / 1e9:.3f} | "
-            f"{r['fraction_of_link']:.2f} | {bare} | {speed} |")
+            f"{r['fraction_of_link']:.2f} | {bare} | {speed} | {fused} |")
     return "\n".join(lines) + "\n"
 
 

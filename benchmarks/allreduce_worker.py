@@ -1,8 +1,9 @@
 """One rank of benchmarks/allreduce.py (started by mpirun or launch.local).
 
 For each size: the time of one all-reduce through the backend's path in
-tfscale (a list of 8 float32 tensors summing to the size, in a tf.function,
-as the Trainer's step issues it), and for MPI also a bare mpi4py `Allreduce`
+tfscale, in a tf.function as the Trainer's step issues it, of one float32
+tensor of that size (the TensorFlow boundary alone) and of 8 tensors summing
+to it (plus the fusion buffer: concat and split), and for MPI also a bare mpi4py `Allreduce`
 of a NumPy buffer of the same size, and the link: a bidirectional exchange
 of the same size between ranks 0 and 1 (`Sendrecv`, what one ring step
 does). Rank 0 writes JSON lines to --result_file.
@@ -22,7 +23,7 @@ import tensorflow as tf  # noqa: E402
 from tfscale import cluster as cluster_lib  # noqa: E402
 from tfscale import collectives as collectives_lib  # noqa: E402
 
-PIECES = 8
+PIECES = 8  # tensors in the fused variant
 
 
 def repetitions(nbytes: int, budget_bytes: float) -> int:
@@ -41,11 +42,11 @@ def timed(fn, reps: int, barrier) -> float:
     return float(np.median(times))
 
 
-def tfscale_allreduce(collectives, strategy, nbytes: int):
-    """fn() -> one all-reduce of PIECES tensors totalling nbytes, as the
+def tfscale_allreduce(collectives, strategy, nbytes: int, pieces: int):
+    """fn() -> one all-reduce of `pieces` tensors totalling nbytes, as the
     Trainer's step issues it (replica context, inside a tf.function)."""
     count = nbytes // 4
-    sizes = [count // PIECES] * (PIECES - 1)
+    sizes = [count // pieces] * (pieces - 1)
     sizes.append(count - sum(sizes))
     with strategy.scope():
         tensors = [tf.ones([n], tf.float32) for n in sizes]
@@ -57,11 +58,11 @@ def tfscale_allreduce(collectives, strategy, nbytes: int):
 
     @tf.function
     def reduce(values):
-        return strategy.run(replica_fn, args=(values,))
+        # The host waits for one value (fetching all would time a copy).
+        return strategy.run(lambda v: replica_fn(v)[-1][:1], args=(values,))
 
     def run():
-        out = reduce(tensors)
-        strategy.experimental_local_results(out[-1])[0].numpy()
+        strategy.experimental_local_results(reduce(tensors))[0].numpy()
     return run
 
 
@@ -88,8 +89,11 @@ def main(argv):
         row = {"backend": args.backend, "num_workers": info.num_workers,
                "bytes": nbytes, "repetitions": reps,
                "tfscale_seconds": timed(
-                   tfscale_allreduce(collectives, strategy, nbytes), reps,
-                   barrier)}
+                   tfscale_allreduce(collectives, strategy, nbytes, 1), reps,
+                   barrier),
+               "fused_seconds": timed(
+                   tfscale_allreduce(collectives, strategy, nbytes, PIECES),
+                   reps, barrier)}
         if comm is not None:
             from mpi4py import MPI
             send = np.ones(nbytes // 4, np.float32)

@@ -32,6 +32,9 @@ class FakeComm:
         self.calls = []
 
     def Allreduce(self, send, receive, op):
+        from mpi4py import MPI
+        if send is MPI.IN_PLACE:
+            send = receive.copy()
         self.calls.append(send.size)
         receive[...] = 2 * send
 
@@ -62,6 +65,26 @@ def test_all_reduce_sums_every_tensor_in_fused_or_bucketed_buffers(
     assert sorted(comm.calls) == sorted(calls)
     if bucket_bytes:
         assert comm.calls == calls
+
+
+def test_results_of_earlier_calls_and_the_inputs_stay_intact():
+    """The sums are written into new tensors (in place only into the fusion
+    buffer), never into an input, a constant or an earlier result."""
+    collectives = MpiCollectives(one_replica(), comm=FakeComm())
+    reduce = tf.function(collectives.all_reduce)
+    first_in = [tf.constant([1.0, 2.0]), tf.constant([3.0])]
+    single_in = [tf.constant([5.0, 6.0, 7.0])]
+    first = reduce(first_in)
+    single = reduce(single_in)
+    again = reduce([tf.constant([10.0, 20.0]), tf.constant([30.0])])
+    single_again = reduce([tf.constant([1.0, 1.0, 1.0])])
+    np.testing.assert_array_equal(first[0].numpy(), [2.0, 4.0])
+    np.testing.assert_array_equal(first[1].numpy(), [6.0])
+    np.testing.assert_array_equal(single[0].numpy(), [10.0, 12.0, 14.0])
+    np.testing.assert_array_equal(again[0].numpy(), [20.0, 40.0])
+    np.testing.assert_array_equal(single_again[0].numpy(), [2.0, 2.0, 2.0])
+    np.testing.assert_array_equal(first_in[0].numpy(), [1.0, 2.0])
+    np.testing.assert_array_equal(single_in[0].numpy(), [5.0, 6.0, 7.0])
 
 
 def test_one_rank_needs_no_communication():

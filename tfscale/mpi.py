@@ -83,6 +83,7 @@ class MpiCollectives:
             raise ValueError(f"bucket_bytes must be >= 0, got {bucket_bytes}")
         MPI = import_mpi()
         self._sum_op = MPI.SUM
+        self._in_place = MPI.IN_PLACE
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.strategy = strategy
         self.num_workers = self.comm.size
@@ -101,14 +102,11 @@ class MpiCollectives:
         reduced = [None] * len(values)
         previous = None
         for bucket in self._buckets(values):
-            flat = tf.concat([tf.reshape(values[i], [-1]) for i in bucket], 0)
             # Every rank must issue the Allreduce calls in the same order:
             # each waits for the one before it.
             deps = [previous] if previous is not None else []
             with tf.control_dependencies(deps):
-                total = tf.numpy_function(self._allreduce_numpy, [flat],
-                                          flat.dtype, stateful=True)
-            total = tf.ensure_shape(total, flat.shape)
+                total = self._reduce_bucket([values[i] for i in bucket])
             previous = total
             sizes = [values[i].shape.num_elements() for i in bucket]
             for i, part in zip(bucket, tf.split(total, sizes)):
@@ -138,10 +136,28 @@ class MpiCollectives:
             buckets = list(merged.values())
         return buckets
 
-    def _allreduce_numpy(self, flat: np.ndarray) -> np.ndarray:
-        total = np.empty_like(flat)
-        self.comm.Allreduce(flat, total, op=self._sum_op)
-        return total
+    def _reduce_bucket(self, tensors) -> tf.Tensor:
+        """The flat sum of `tensors` over all ranks.
+
+        MPI sums in place, in a new buffer that nothing else reads: the
+        concatenation (the fusion buffer), or a copy of a lone tensor (an
+        input may be shared: identity does not copy). `numpy_function`
+        hands over that tensor's own memory, and the array it returns, being
+        that input, becomes the output tensor with no copy (a new array would
+        be copied, and MPI writing into fresh pages is slower, measured).
+        """
+        flats = [tf.reshape(t, [-1]) for t in tensors]
+        if len(flats) == 1:
+            buffer = tf.raw_ops.DeepCopy(x=flats[0])
+        else:
+            buffer = tf.concat(flats, 0)
+        total = tf.numpy_function(self._allreduce_in_place, [buffer],
+                                  buffer.dtype, stateful=True)
+        return tf.ensure_shape(total, buffer.shape)
+
+    def _allreduce_in_place(self, flat: np.ndarray) -> np.ndarray:
+        self.comm.Allreduce(self._in_place, flat, op=self._sum_op)
+        return flat
 
     # ---- on the host ---------------------------------------------------------
 
