@@ -148,15 +148,21 @@ def mpirun_command(command: Sequence[str], num_workers: int, mpirun: str, *,
         raise ValueError(f"--num_workers must be >= 1, got {num_workers}")
     if not command:
         raise ValueError("no command to run: put it after '--'")
+    extra_args = list(extra_args)
     head = [mpirun, "-np", str(num_workers),
             # Every line tagged with its rank ([job,rank]<stdout>: ...).
-            "--output", "tag",
-            # Thread counts are set per worker; more ranks than cores is
-            # allowed, as with the gRPC backend.
-            "--bind-to", "none", "--oversubscribe"]
+            "--output", "tag"]
+    # Defaults the user's own options replace (mpirun rejects repeats):
+    # thread counts are set per worker and more ranks than cores is
+    # allowed, as with the gRPC backend.
+    if not any(a.startswith("--bind-to") for a in extra_args):
+        head += ["--bind-to", "none"]
+    if not any(a.startswith(("--oversubscribe", "--map-by"))
+               for a in extra_args):
+        head.append("--oversubscribe")
     if as_root:
         head.append("--allow-run-as-root")
-    return head + list(extra_args) + list(command)
+    return head + extra_args + list(command)
 
 
 def mpi_env(base_env: Mapping[str, str],
