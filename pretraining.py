@@ -29,6 +29,7 @@ from models import bert, bert_checkpoints, bert_export
 from models.bert_config import BertConfig
 from tfscale import checkpointing
 from tfscale import cluster as cluster_lib
+from tfscale import collectives
 from tfscale import precision as precision_lib
 from tfscale.cluster import ClusterConfig
 from tfscale.input_feed import InputPipelineError
@@ -169,10 +170,15 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
                                    model.trainable_variables)
         metrics = bert.pretraining_metrics()
     try:
+        backend = collectives.make(config.cluster.backend, strategy,
+                                   config.cluster.collective_timeout_seconds)
+    except ImportError as e:
+        raise PretrainingError("backend", str(e)) from None
+    try:
         trainer = Trainer(model=model, optimizer=optimizer,
                           loss_fn=bert.pretraining_loss, strategy=strategy,
                           config=config.train, metrics=metrics,
-                          backend=config.cluster.backend)
+                          backend=backend)
     except ValueError as e:
         raise PretrainingError("train_batch_size", str(e)) from None
     if info.is_chief:

