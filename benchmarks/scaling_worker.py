@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from models import benchmark_models, bert, bert_config
 from tfscale import cluster as cluster_lib
+from tfscale import collectives
 from tfscale import precision
 from tfscale.trainer import TrainConfig, Trainer
 
@@ -74,6 +75,9 @@ def main(argv):
     p.add_argument("--timed_steps", type=int, default=10)
     p.add_argument("--result_file", required=True)
     p.add_argument("--backend", default="mwms", choices=["mwms", "mpi"])
+    p.add_argument("--mpi_bucket_bytes", type=int, default=0,
+                   help="MPI: all-reduce buckets of this size in reverse "
+                        "layer order (0: one fused buffer)")
     args = p.parse_args(argv)
 
     info = cluster_lib.resolve_cluster(backend=args.backend)
@@ -95,7 +99,8 @@ def main(argv):
                            jit_compile=args.xla, precision=args.precision,
                            log_steps=args.steps,
                            timed_steps_per_log=args.timed_steps, verbose=0),
-        backend=args.backend)
+        backend=collectives.make(args.backend, strategy,
+                                 bucket_bytes=args.mpi_bucket_bytes))
     dataset_fn = lambda context: tf.data.Dataset.from_tensors(batch).repeat()  # noqa: E731
     report = _Report()
     # Warmup (tracing, XLA compilation), then the measured fit. The warmup

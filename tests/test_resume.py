@@ -22,7 +22,7 @@ from tests.test_launch import processes_mentioning
 from tests.test_pretraining import corpus, pretrain_args  # noqa: F401
 
 pytestmark = pytest.mark.slow
-STEPS = 40
+STEPS = 30
 FLAGSHIP = ["--deterministic", "--seed=7", "--log_steps=5"]
 
 

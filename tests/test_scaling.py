@@ -70,7 +70,7 @@ def test_each_backend_is_its_own_baseline():
 def test_report_runs_for_one_and_two_workers_with_both_backends(tmp_path):
     scaling.main(["--model", "materials_mlp", "--workers", "1,2",
                   "--modes", "weak", "--backends", "grpc,mpi",
-                  "--steps", "20", "--warmup_steps", "5",
+                  "--steps", "12", "--warmup_steps", "5",
                   "--output_dir", str(tmp_path)])
     data = json.loads((tmp_path / "results.json").read_text())
     rows = data["rows"]

@@ -70,11 +70,13 @@ class StrategyCollectives:
         self.agree(0.0)
 
 
-def make(backend: str, strategy, timeout_seconds: Optional[float] = 300.0):
+def make(backend: str, strategy, timeout_seconds: Optional[float] = 300.0,
+         bucket_bytes: int = 0):
     """The collectives of `backend` ("mwms" or "mpi") under `strategy`.
 
-    `timeout_seconds` applies to "mpi" (a strategy's collectives take theirs
-    from its `CommunicationOptions`).
+    `timeout_seconds` and `bucket_bytes` apply to "mpi" (see
+    `tfscale.mpi.MpiCollectives`; a strategy's collectives take theirs from
+    its `CommunicationOptions`).
 
     Raises:
         ValueError: Unknown backend, or a strategy that does not fit it.
@@ -84,5 +86,6 @@ def make(backend: str, strategy, timeout_seconds: Optional[float] = 300.0):
         return StrategyCollectives(strategy)
     if backend == "mpi":
         from tfscale import mpi
-        return mpi.MpiCollectives(strategy, timeout_seconds=timeout_seconds)
+        return mpi.MpiCollectives(strategy, timeout_seconds=timeout_seconds,
+                                  bucket_bytes=bucket_bytes)
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
