@@ -182,6 +182,29 @@ _MPI_WORLD_VARIABLES = (
 )
 
 
+def pypi_open_mpi_environment(environ: Mapping[str, str],
+                              prefix: str) -> dict:
+    """What Open MPI's PyPI wheel needs when a process is started by srun
+    rather than by the wheel's own mpirun (which sets it up itself): its
+    install prefix (help texts, components), and under srun --mpi=pmix the
+    PMIx security mode the wheel has (SLURM's server offers munge, which the
+    wheel's PMIx lacks, beside native). Nothing for another MPI, or what the
+    environment already sets."""
+    if not os.path.isdir(os.path.join(prefix, "share", "openmpi")):
+        return {}
+    extra = {}
+    if "OPAL_PREFIX" not in environ:
+        extra["OPAL_PREFIX"] = prefix
+    if "PMIX_RANK" in environ and "PMIX_MCA_psec" not in environ:
+        extra["PMIX_MCA_psec"] = "native"
+    return extra
+
+
+def prepare_mpi_environment() -> None:
+    """Sets `pypi_open_mpi_environment` in this process (before MPI starts)."""
+    os.environ.update(pypi_open_mpi_environment(os.environ, sys.prefix))
+
+
 def _from_mpi(environ) -> ClusterInfo:
     """The rank and size the MPI launcher set (none: one process)."""
     for rank_variable, size_variables in _MPI_WORLD_VARIABLES:

@@ -17,7 +17,6 @@ Requires mpi4py and an MPI library: `pip install 'tfscale[mpi]'` (mpi4py and
 Open MPI from PyPI), or mpi4py built against the site's MPI.
 """
 
-import os
 import sys
 import threading
 import time
@@ -26,6 +25,8 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tfscale import cluster
+
 _INSTALL_HINT = ("the MPI backend needs mpi4py and an MPI library: "
                  "pip install 'tfscale[mpi]' (or mpi4py built against your "
                  "site's MPI)")
@@ -33,29 +34,12 @@ _INSTALL_HINT = ("the MPI backend needs mpi4py and an MPI library: "
 
 def import_mpi():
     """`mpi4py.MPI` (initializing MPI), or ImportError with the fix."""
-    os.environ.update(pypi_open_mpi_environment(os.environ, sys.prefix))
+    cluster.prepare_mpi_environment()
     try:
         from mpi4py import MPI
     except ImportError as e:
         raise ImportError(f"{_INSTALL_HINT} ({e})") from e
     return MPI
-
-
-def pypi_open_mpi_environment(environ, prefix: str) -> dict:
-    """What Open MPI's PyPI wheel needs when a process is started by srun
-    rather than by the wheel's own mpirun (which sets it up itself): its
-    install prefix (help texts, components), and under srun --mpi=pmix the
-    PMIx security mode the wheel has (SLURM's server offers munge, which the
-    wheel's PMIx lacks, beside native). Nothing for another MPI, or what the
-    environment already sets."""
-    if not os.path.isdir(os.path.join(prefix, "share", "openmpi")):
-        return {}
-    extra = {}
-    if "OPAL_PREFIX" not in environ:
-        extra["OPAL_PREFIX"] = prefix
-    if "PMIX_RANK" in environ and "PMIX_MCA_psec" not in environ:
-        extra["PMIX_MCA_psec"] = "native"
-    return extra
 
 
 def local_rank(comm=None) -> int:
