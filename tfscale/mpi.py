@@ -44,8 +44,8 @@ def import_mpi():
 
 def local_rank(comm=None) -> int:
     """This process's index among the ranks on its host."""
-    comm = comm or import_mpi().COMM_WORLD
     MPI = import_mpi()
+    comm = comm or MPI.COMM_WORLD
     return comm.Split_type(MPI.COMM_TYPE_SHARED).rank
 
 
