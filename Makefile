@@ -2,6 +2,7 @@
 #   make demo   build a small real corpus into BERT records, pretrain BERT-tiny
 #               with 2 local workers, print the summary
 #   make test   run the test suite
+#   (make demo-images: ResNet-50 on generated JPEG records, 2 workers)
 # Each creates ./.venv (unless a virtualenv is active) and installs what it needs.
 
 PYTHON ?= python3
@@ -14,7 +15,9 @@ endif
 DEMO_DIR ?= runs/demo
 WORKERS ?= 2
 
-.PHONY: demo test install install-test clean
+IMAGES_DIR ?= runs/images
+
+.PHONY: demo demo-images test install install-test clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +55,19 @@ demo: install
 	    --train_batch_size=64 --learning_rate=2e-3 --optimizer=lamb \
 	    --num_train_steps=300 --num_warmup_steps=30 \
 	    --save_checkpoints_steps=100 --log_steps=25
+
+# ResNet-50 on patterned JPEGs (ImageNet's record format), 2 local workers.
+demo-images: install
+	$(PY) -m input_pipelines.make_demo_images --output_dir=$(IMAGES_DIR) \
+	    --num_classes=10 --images_per_class=100 --eval_images_per_class=10
+	rm -rf $(IMAGES_DIR)/model
+	$(PY) -m launch.local --num_workers $(WORKERS) -- \
+	    $(PY) train_image_classifier.py \
+	    --train_files='$(IMAGES_DIR)/records/train-*' \
+	    --eval_files='$(IMAGES_DIR)/records/validation-*' \
+	    --output_dir=$(IMAGES_DIR)/model --num_classes=10 --image_size=64 \
+	    --train_batch_size=32 --num_train_steps=100 --num_warmup_steps=10 \
+	    --precision=mixed_bfloat16 --save_checkpoints_steps=50 --log_steps=10
 
 test: install-test
 	$(PY) -m pytest -q

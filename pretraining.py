@@ -19,7 +19,6 @@ import os
 import time
 from typing import Optional, Tuple
 
-import keras
 import tensorflow as tf
 
 from input_pipelines import bert_records, tfrecord
@@ -27,27 +26,16 @@ from input_pipelines.bert_records import BertRecordSpec, IdLimits
 from input_pipelines.tfrecord import TFRecordConfig
 from models import bert, bert_checkpoints, bert_export
 from models.bert_config import BertConfig
-from tfscale import checkpointing
-from tfscale import cluster as cluster_lib
-from tfscale import collectives
-from tfscale import precision as precision_lib
+from tfscale import checkpointing, jobs
 from tfscale.cluster import ClusterConfig
 from tfscale.input_feed import InputPipelineError
 from tfscale.optim import OptimConfig, make_optimizer
+from tfscale.timing import IntervalLog
 from tfscale.train_config import TrainConfig
-from tfscale.trainer import Trainer
 
 
-class PretrainingError(Exception):
-    """A problem the user can fix, in one line.
-
-    Attributes:
-        setting: The config field (and flag) at fault, or None.
-    """
-
-    def __init__(self, setting: Optional[str], message: str):
-        self.setting = setting
-        super().__init__(f"--{setting}: {message}" if setting else message)
+# A problem the user can fix, in one line naming the setting (and flag).
+PretrainingError = jobs.JobError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,21 +118,10 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
     train_files = _files(config.train_records, "input_file")
     eval_files = (_files(config.eval_records, "eval_input_file")
                   if config.eval_records else None)
-    try:
-        info = cluster_lib.resolve_cluster(
-            slurm_port_base=config.cluster.slurm_port_base,
-            backend=config.cluster.backend)
-    except cluster_lib.ClusterError as e:
-        raise PretrainingError(None, str(e)) from None
-    tf.io.gfile.makedirs(config.output_dir)  # also when only evaluating
-    if config.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    keras.utils.set_random_seed(config.seed)
-    precision_lib.set_precision(config.train.precision)
-    try:
-        strategy = cluster_lib.make_strategy(info, config.cluster)
-    except cluster_lib.ClusterError as e:
-        raise PretrainingError(None, str(e)) from None
+    info, strategy = jobs.start_worker(
+        config.cluster, output_dir=config.output_dir,
+        precision=config.train.precision, seed=config.seed,
+        deterministic=config.deterministic)
 
     limits = IdLimits(config.model.vocab_size, config.model.type_vocab_size)
     # One record of each set, before the model is built (after the strategy:
@@ -169,18 +146,10 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
         optimizer = make_optimizer(config.optim, config.train.global_batch_size,
                                    model.trainable_variables)
         metrics = bert.pretraining_metrics()
-    try:
-        backend = collectives.make(config.cluster.backend, strategy,
-                                   config.cluster.collective_timeout_seconds)
-    except ImportError as e:
-        raise PretrainingError("backend", str(e)) from None
-    try:
-        trainer = Trainer(model=model, optimizer=optimizer,
-                          loss_fn=bert.pretraining_loss, strategy=strategy,
-                          config=config.train, metrics=metrics,
-                          backend=backend)
-    except ValueError as e:
-        raise PretrainingError("train_batch_size", str(e)) from None
+    trainer = jobs.make_trainer(
+        model=model, optimizer=optimizer, loss_fn=bert.pretraining_loss,
+        strategy=strategy, metrics=metrics, cluster=config.cluster,
+        train=config.train)
     if info.is_chief:
         print(run_summary(config, info, trainer, model), flush=True)
 
@@ -193,17 +162,17 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
         dataset_fn = bert_records.make_dataset_fn(
             config.train_records, config.spec, trainer.per_replica_batch_size,
             limits)
-        _train(config, trainer, dataset_fn, intervals, train_files, limits)
+        try:
+            intervals = jobs.fit(trainer, dataset_fn, config.num_train_steps,
+                                 config.output_dir, config.profile_steps)
+        except InputPipelineError as e:
+            raise PretrainingError("input_file", _diagnose(
+                train_files, config, limits, e)) from e
     else:
         trainer.step.assign(checkpointing.checkpoint_step(initial))
-    results = {"steps": int(trainer.step.numpy()),
-               "global_batch_size": config.train.global_batch_size,
-               "num_workers": info.num_workers,
-               "replicas": trainer.collectives.num_replicas,
-               "backend": config.cluster.backend,
-               "wall_seconds": time.perf_counter() - start,
-               "intervals": intervals.rows,
-               "checkpoint": trainer.checkpoint_path or initial}
+    results = jobs.run_results(trainer, info, config.cluster.backend,
+                               time.perf_counter() - start, intervals)
+    results["checkpoint"] = trainer.checkpoint_path or initial
     if config.eval_records:
         results["eval"] = _evaluate(config, trainer, eval_files, limits)
         if info.is_chief:
@@ -215,7 +184,8 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
                 model, os.path.join(config.output_dir, "export"))
         with open(os.path.join(config.output_dir, "summary.json"), "w") as f:
             json.dump(results, f, indent=2)
-        print(final_summary(results), flush=True)
+        print(jobs.done_summary("tfscale run_pretraining", results),
+              flush=True)
     # Exit together, once the chief's files are written.
     trainer.barrier()
     return results
@@ -262,22 +232,6 @@ def load_initial_weights(model, path: str) -> str:
     return checkpointing.restore_model(model, path)
 
 
-def _train(config, trainer, dataset_fn, intervals, files, limits):
-    callbacks = [intervals, keras.callbacks.TerminateOnNaN(),
-                 keras.callbacks.TensorBoard(
-                     os.path.join(config.output_dir, "tensorboard"),
-                     update_freq=config.train.log_steps,
-                     profile_batch=config.profile_steps or 0)]
-    try:
-        trainer.fit(dataset_fn, steps_per_epoch=config.num_train_steps,
-                    epochs=1, callbacks=callbacks)
-    except checkpointing.RestoreError as e:
-        raise PretrainingError("output_dir", str(e)) from None
-    except InputPipelineError as e:
-        raise PretrainingError("input_file", _diagnose(
-            files, config, limits, e)) from e
-
-
 def _evaluate(config, trainer, files, limits) -> dict:
     replicas = trainer.collectives.num_replicas
     eval_fn = bert_records.make_dataset_fn(
@@ -316,54 +270,16 @@ def write_eval_results(output_dir: str, global_step: int, logs: dict) -> str:
     return path
 
 
-class IntervalLog(keras.callbacks.Callback):
-    """Keeps the per-interval loss and throughput the Trainer reports."""
-
-    def __init__(self):
-        super().__init__()
-        self.rows = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        if logs and "interval_loss" in logs:
-            self.rows.append({k: float(v) for k, v in logs.items()})
-
-
 def run_summary(config: PretrainingConfig, info, trainer, model) -> str:
-    optim, train = config.optim, config.train
-    replicas = trainer.collectives.num_replicas
+    optim = config.optim
     params = sum(int(v.numpy().size) for v in model.trainable_variables)
     return "\n".join([
         "tfscale run_pretraining",
-        f"  workers {info.num_workers} ({info.source}), replicas {replicas}, "
-        f"global batch {train.global_batch_size} = "
-        f"{trainer.per_replica_batch_size} per replica x {replicas} x "
-        f"{train.num_accumulation_steps} accumulation",
+        jobs.workers_line(info, trainer),
         f"  model {config.model_name}: {config.model.num_hidden_layers} "
         f"layers, hidden {config.model.hidden_size}, vocab "
         f"{config.model.vocab_size}, {params / 1e6:.2f}M parameters",
-        f"  precision {train.precision}, XLA "
-        f"{'on' if train.jit_compile else 'off'}, all-reduce "
-        + (f"MPI.Allreduce" if config.cluster.backend == "mpi" else
-           f"{config.cluster.all_reduce_alg}"),
+        jobs.numerics_line(config.train, config.cluster),
         f"  optimizer {optim.optimizer}, lr {optim.learning_rate:g} "
         f"({optim.schedule}, warmup {optim.warmup_steps}, scaling "
         f"{optim.scaling_rule}), {optim.total_steps} steps"])
-
-
-def final_summary(results: dict) -> str:
-    rows = results["intervals"]
-    rate = (sum(r["examples_per_second"] for r in rows) / len(rows)
-            if rows else 0.0)
-    first = rows[0]["interval_loss"] if rows else float("nan")
-    last = rows[-1]["interval_loss"] if rows else float("nan")
-    lines = ["tfscale run_pretraining done",
-             f"  steps {results['steps']}, {rate:.1f} examples/s (mean of "
-             f"log intervals), {results['wall_seconds']:.1f} s",
-             f"  loss {first:.4f} (first interval) -> {last:.4f} (last)",
-             f"  checkpoint {results['checkpoint']}",
-             f"  export {results.get('export')}"]
-    if "eval" in results:
-        lines.append("  eval " + ", ".join(
-            f"{k} {v:.4f}" for k, v in results["eval"].items()))
-    return "\n".join(lines)
-

@@ -15,12 +15,13 @@ This file is the edge: it defines the flags (grouped by concern in
 `pretraining.train_and_evaluate`, which does the rest.
 """
 
-import logging
 import os
 import re
 import sys
 
 from absl import app, flags
+
+from cli import quiet_tensorflow
 
 FLAGS = flags.FLAGS
 
@@ -315,37 +316,17 @@ def config_from_flags():
         fail(flag_message(str(e)))
 
 
-class _NoTensorFlowInfo(logging.Filter):
-    """Drops INFO (and DEBUG) records logged from TensorFlow's own files."""
-
-    def filter(self, record):
-        return (record.levelno >= logging.WARNING or
-                f"{os.sep}tensorflow{os.sep}" not in record.pathname)
-
-
-def quiet_tensorflow():
-    """TensorFlow's INFO lines off (one per collective, per checkpoint shard,
-    per server start); its warnings and errors, and tfscale's own lines,
-    stay. `--verbosity=1` or a TF_CPP_MIN_LOG_LEVEL of one's own brings them
-    back. (The few lines TensorFlow prints while loading, before its logging
-    is set up, cannot be turned off from Python.)"""
-    if FLAGS.verbosity >= 1:
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # before TF's import
-    for name in ("tensorflow", "absl"):
-        logging.getLogger(name).addFilter(_NoTensorFlowInfo())
-
-
 def main(argv):
     if len(argv) > 1:
         fail(f"unexpected arguments {argv[1:]}")
-    quiet_tensorflow()
+    quiet_tensorflow(FLAGS.verbosity)
     config = config_from_flags()
-    from pretraining import PretrainingError, train_and_evaluate
+    from pretraining import train_and_evaluate
+    from tfscale.jobs import JobError
     from tfscale.preemption import Preempted
     try:
         train_and_evaluate(config)
-    except PretrainingError as e:
+    except JobError as e:
         fail(str(e))
     except Preempted as e:
         # Exit 143 after the checkpoint: launchers and schedulers restart us.

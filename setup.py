@@ -9,7 +9,8 @@ setup(
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["tfscale*", "input_pipelines*", "models*",
                                     "launch*", "benchmarks*"]),
-    py_modules=["run_pretraining", "pretraining", "export_bert"],
+    py_modules=["run_pretraining", "pretraining", "export_bert", "cli",
+                "train_image_classifier", "image_classification"],
     package_data={"launch": ["*.sbatch", "*.yaml"]},
     install_requires=[
         # The full package (CPU and GPU); never tensorflow-cpu beside it.

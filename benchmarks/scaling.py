@@ -25,6 +25,11 @@ Backends (`--backends grpc,mpi`): grpc = MultiWorkerMirroredStrategy through
 launch.local, mpi = tfscale's MPI backend through `launch.local --backend
 mpi` (Open MPI's default transport on one host: shared memory).
 
+Models: materials_mlp, bert_tiny, gru (synthetic batches in memory) and
+resnet50, which reads real JPEG records (patterned images at ImageNet's
+sizes, made once in --output_dir/images) through the image pipeline, so its
+steps decode, crop and resize while they train.
+
 Variants: base, xla, bf16 (mixed_bfloat16), pack<BYTES> (all-reduce packs),
 batch<N> (per-worker batch for weak scaling). Output: report.md, results.csv,
 results.json, speedup.png and breakdown.png in --output_dir.
@@ -45,7 +50,8 @@ from typing import List, Optional
 from benchmarks import allreduce as allreduce_bench
 
 PHASES = ("input_wait", "compute", "sync", "update")
-DEFAULT_BATCH = {"materials_mlp": 256, "bert_tiny": 16, "gru": 32}
+DEFAULT_BATCH = {"materials_mlp": 256, "bert_tiny": 16, "gru": 32,
+                 "resnet50": 16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +180,7 @@ def analyze(rows: List[dict], bandwidth: float,
 
 def run_point(model, workers, global_batch, variant, mode, steps, warmup,
               out_dir, timeout=1800, backend="grpc",
-              threads_per_worker=None) -> dict:
+              threads_per_worker=None, model_args=()) -> dict:
     """One measurement: `workers` local workers via launch.local."""
     cores = os.cpu_count() or 1
     threads = threads_per_worker or max(1, cores // workers)
@@ -189,7 +195,7 @@ def run_point(model, workers, global_batch, variant, mode, steps, warmup,
                "--steps", str(steps), "--warmup_steps", str(warmup),
                "--precision", variant.precision,
                "--bytes_per_pack", str(variant.bytes_per_pack),
-               "--result_file", result]
+               "--result_file", result, *model_args]
     if variant.xla:
         command.append("--xla")
     proc = subprocess.run(command, stdout=subprocess.PIPE,
@@ -301,6 +307,9 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup_steps", type=int, default=10)
     parser.add_argument("--output_dir", default="runs/scaling")
+    parser.add_argument("--image_size", type=int, default=224,
+                        help="resnet50: side of the images, decoded from "
+                             "JPEG records made in --output_dir")
     args = parser.parse_args(argv)
     workers = [int(w) for w in args.workers.split(",")]
     if 1 not in workers:
@@ -317,6 +326,12 @@ def main(argv=None):
         parser.error("--backends takes grpc and/or mpi")
     os.makedirs(args.output_dir, exist_ok=True)
     bandwidth = measure_loopback_bandwidth()
+    model_args = []
+    if args.model == "resnet50":
+        from benchmarks import image_pipeline
+        model_args = ["--image_records", image_pipeline.make_records(
+            os.path.join(args.output_dir, "images"), 10, 32),
+            "--image_size", str(args.image_size)]
     rows = []
     for backend, variant in ((b, v) for b in backends for v in variants):
         per_worker = (variant.per_worker_batch or args.per_worker_batch or
@@ -330,7 +345,8 @@ def main(argv=None):
                 point = run_point(args.model, n, batch, variant, mode,
                                   args.steps, args.warmup_steps,
                                   args.output_dir, backend=backend,
-                                  threads_per_worker=args.threads_per_worker)
+                                  threads_per_worker=args.threads_per_worker,
+                                  model_args=model_args)
                 point.update(variant=variant.name, mode=mode, backend=backend)
                 rows.append(point)
                 print(f"{backend} {variant.name} {mode} {n} worker(s), "

@@ -1,6 +1,7 @@
 """One worker of a scaling measurement (started by benchmarks.scaling).
 
-Trains a benchmark model on synthetic in-memory data with the Trainer for
+Trains a benchmark model on synthetic in-memory data (resnet50: real JPEG
+records through the image pipeline) with the Trainer for
 --warmup_steps, then --steps more, and the chief writes the Trainer's report
 of the measured steps (throughput, step time, time split) and the gradient
 bytes all-reduced per step to --result_file as JSON.
@@ -14,6 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from input_pipelines import images, tfrecord
 from models import benchmark_models, bert, bert_config
 from tfscale import cluster as cluster_lib
 from tfscale import collectives
@@ -21,7 +23,25 @@ from tfscale import precision
 from tfscale.trainer import TrainConfig, Trainer
 
 
-def model_and_data(name: str, batch_size: int):
+def model_and_data(name: str, batch_size: int, image_records=None,
+                   image_size=224):
+    """(make_model, loss_fn, dataset_fn of per-replica batches of
+    `batch_size`): one synthetic batch repeated, or for resnet50 real JPEG
+    records through the image pipeline."""
+    if name == "resnet50":
+        spec = images.ImageSpec(image_size=image_size, num_classes=10)
+        records = tfrecord.TFRecordConfig(image_records, training=True,
+                                          seed=0, shuffle_buffer_size=256)
+        return (lambda: benchmark_models.make_resnet50(
+                    benchmark_models.ResNetConfig(image_size, 10, "uint8")),
+                keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                images.make_dataset_fn(records, spec, batch_size))
+    make_model, loss_fn, batch = _synthetic(name, batch_size)
+    return (make_model, loss_fn,
+            lambda context: tf.data.Dataset.from_tensors(batch).repeat())
+
+
+def _synthetic(name: str, batch_size: int):
     """(make_model, loss_fn, one synthetic batch of `batch_size`)."""
     rng = np.random.RandomState(0)
     if name == "bert_tiny":
@@ -78,6 +98,9 @@ def main(argv):
     p.add_argument("--mpi_bucket_bytes", type=int, default=0,
                    help="MPI: all-reduce buckets of this size in reverse "
                         "layer order (0: one fused buffer)")
+    p.add_argument("--image_records", default=None,
+                   help="resnet50: JPEG records (glob)")
+    p.add_argument("--image_size", type=int, default=224)
     args = p.parse_args(argv)
 
     info = cluster_lib.resolve_cluster(backend=args.backend)
@@ -88,7 +111,8 @@ def main(argv):
     replicas = strategy.num_replicas_in_sync * (
         info.num_workers if args.backend == "mpi" else 1)
     per_replica = args.global_batch_size // replicas
-    make_model, loss_fn, batch = model_and_data(args.model, per_replica)
+    make_model, loss_fn, dataset_fn = model_and_data(
+        args.model, per_replica, args.image_records, args.image_size)
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = make_model()
@@ -101,7 +125,6 @@ def main(argv):
                            timed_steps_per_log=args.timed_steps, verbose=0),
         backend=collectives.make(args.backend, strategy,
                                  bucket_bytes=args.mpi_bucket_bytes))
-    dataset_fn = lambda context: tf.data.Dataset.from_tensors(batch).repeat()  # noqa: E731
     report = _Report()
     # Warmup (tracing, XLA compilation), then the measured fit. The warmup
     # spans a whole log interval, so that it traces both the fused step and

@@ -23,6 +23,12 @@ files should already be shuffled inside (Google's and our record writers
 shuffle instances); lower `block_length` for files sorted by label. On hosts
 with many cores, raise `num_parallel_reads` and `cycle_length`.
 
+Images are the other shape (`make_example_dataset`): decoding a JPEG costs
+milliseconds, so each record is mapped on its own, in parallel, then the
+results are batched (what tf.data fuses into map-and-batch); records are
+shuffled one by one, and each carries its position in the stream, from
+which augmentations draw stateless seeds (see images.py).
+
 Sharding happens here, not in tf.distribute: by file when there are at least
 as many files as input pipelines (each worker opens only its files), by record
 otherwise (every worker reads everything and keeps every N-th record, with a
@@ -150,7 +156,8 @@ def make_parse_fn(feature_spec: Mapping[str, tf.io.FixedLenFeature],
 def make_dataset(config: TFRecordConfig, batch_size: int, parse_fn: Callable,
                  input_context: Optional[tf.distribute.InputContext] = None
                  ) -> tf.data.Dataset:
-    """Builds the pipeline of one input pipeline (one worker).
+    """Builds the pipeline of one input pipeline (one worker): records are
+    batched, then parsed a chunk at a time (cheap per-record work: BERT).
 
     Args:
         config: What to read and how.
@@ -165,6 +172,104 @@ def make_dataset(config: TFRecordConfig, batch_size: int, parse_fn: Callable,
     Raises:
         InputError: The input files are missing.
     """
+    ds, deterministic = _records(config, input_context)
+    chunk = batch_size * max(1, -(-config.parse_chunk_size // batch_size))
+    if config.training:
+        # Shuffle blocks of `block_length` records (what the interleave hands
+        # out from one file anyway), then rebatch: a record-level shuffle
+        # costs about 30% of the throughput on 2 cores, this about nothing.
+        ds = ds.batch(config.block_length)
+        if config.shuffle_buffer_size > 0:
+            ds = ds.shuffle(
+                max(1, config.shuffle_buffer_size // config.block_length),
+                seed=config.seed, reshuffle_each_iteration=True)
+        ds = ds.repeat().rebatch(chunk, drop_remainder=True)
+    else:
+        ds = ds.batch(chunk)
+    ds = ds.map(parse_fn, num_parallel_calls=AUTOTUNE,
+                deterministic=deterministic)
+    if config.skip_corrupt:
+        ds = ds.ignore_errors(log_warning=True)
+    ds = ds.rebatch(batch_size, drop_remainder=config.training)
+    ds = ds.prefetch(AUTOTUNE)
+    return ds.with_options(dataset_options(
+        deterministic, config.threadpool_size, config.autotune_ram_budget))
+
+
+def make_example_dataset(config: TFRecordConfig, batch_size: int,
+                         example_fn: Callable,
+                         input_context: Optional[tf.distribute.InputContext]
+                         = None, num_parallel_calls: Optional[int] = AUTOTUNE,
+                         on_skipped: Optional[Callable] = None
+                         ) -> tf.data.Dataset:
+    """Builds one input pipeline whose per-record work is heavy (images):
+    records are shuffled, then each is mapped in parallel, then batched.
+
+    `example_fn(index, serialized)` gets the record's position in this
+    pipeline's output stream (0, 1, 2, ... across epochs), from which random
+    augmentations draw stateless seeds: every epoch differs, a seed fixes
+    them all, and a restored iterator continues exactly.
+
+    Args:
+        config: What to read and how.
+        batch_size: Examples per batch.
+        example_fn: `fn(index, serialized record) -> example`.
+        input_context: This pipeline's place among all of them; None: one.
+        num_parallel_calls: Parallel `example_fn` calls (None: sequential).
+        on_skipped: With `config.skip_corrupt`, `fn(count)` -> an op run
+            each time a record is skipped, given the running count (e.g. a
+            `tf.print`). Records are then mapped in order (to count).
+
+    Returns:
+        A `tf.data.Dataset` of batches.
+
+    Raises:
+        InputError: The input files are missing.
+    """
+    ds, deterministic = _records(config, input_context)
+    if config.training:
+        if config.shuffle_buffer_size > 0:
+            ds = ds.shuffle(config.shuffle_buffer_size, seed=config.seed,
+                            reshuffle_each_iteration=True)
+        ds = ds.repeat()
+    ds = ds.enumerate()
+    counting = config.skip_corrupt and on_skipped is not None
+    ds = ds.map(lambda index, record: (index, example_fn(index, record)),
+                num_parallel_calls=num_parallel_calls,
+                deterministic=deterministic or counting)
+    if config.skip_corrupt:
+        ds = ds.ignore_errors(log_warning=True)
+        if counting:
+            ds = ds.scan((tf.constant(-1, tf.int64),
+                          tf.constant(0, tf.int64)), _count_gaps(on_skipped))
+    ds = ds.map(lambda index, example: example)
+    ds = ds.batch(batch_size, drop_remainder=config.training,
+                  num_parallel_calls=AUTOTUNE if num_parallel_calls else None,
+                  deterministic=deterministic)
+    ds = ds.prefetch(AUTOTUNE)
+    return ds.with_options(dataset_options(
+        deterministic, config.threadpool_size, config.autotune_ram_budget))
+
+
+def _count_gaps(on_skipped):
+    """A `scan` step over (index, example): indices missing since the last
+    element are records `ignore_errors` skipped; reports the running total."""
+    def scan_fn(state, element):
+        last, skipped = state
+        index, example = element
+        skipped = skipped + index - last - 1
+        report = tf.cond(index - last > 1, lambda: on_skipped(skipped),
+                         tf.no_op)
+        with tf.control_dependencies([report]):
+            index = tf.identity(index)
+        return (index, skipped), (index, example)
+    return scan_fn
+
+
+def _records(config: TFRecordConfig,
+             input_context: Optional[tf.distribute.InputContext]):
+    """This pipeline's serialized records (sharded, interleaved, cached) and
+    whether its order must be deterministic."""
     files = expand_files(config.input_files)
     num = input_context.num_input_pipelines if input_context else 1
     index = input_context.input_pipeline_id if input_context else 0
@@ -195,27 +300,7 @@ def make_dataset(config: TFRecordConfig, batch_size: int, parse_fn: Callable,
         ds = ds.ignore_errors(log_warning=True)
     if config.cache is not None:
         ds = ds.cache("" if config.cache == "memory" else config.cache)
-    chunk = batch_size * max(1, -(-config.parse_chunk_size // batch_size))
-    if config.training:
-        # Shuffle blocks of `block_length` records (what the interleave hands
-        # out from one file anyway), then rebatch: a record-level shuffle
-        # costs about 30% of the throughput on 2 cores, this about nothing.
-        ds = ds.batch(config.block_length)
-        if config.shuffle_buffer_size > 0:
-            ds = ds.shuffle(
-                max(1, config.shuffle_buffer_size // config.block_length),
-                seed=config.seed, reshuffle_each_iteration=True)
-        ds = ds.repeat().rebatch(chunk, drop_remainder=True)
-    else:
-        ds = ds.batch(chunk)
-    ds = ds.map(parse_fn, num_parallel_calls=AUTOTUNE,
-                deterministic=deterministic)
-    if config.skip_corrupt:
-        ds = ds.ignore_errors(log_warning=True)
-    ds = ds.rebatch(batch_size, drop_remainder=config.training)
-    ds = ds.prefetch(AUTOTUNE)
-    return ds.with_options(dataset_options(
-        deterministic, config.threadpool_size, config.autotune_ram_budget))
+    return ds, deterministic
 
 
 def dataset_options(deterministic: bool, threadpool_size: Optional[int] = None,

@@ -1,3 +1,4 @@
+import keras
 import numpy as np
 
 from models import benchmark_models as bm
@@ -32,3 +33,19 @@ def test_resnet50_small_input():
     model = bm.make_resnet50()
     assert model(np.zeros((1, 64, 64, 3), "float32")).shape == (1, 10)
     assert 23_000_000 < model.count_params() < 24_000_000
+
+
+def test_resnet50_takes_uint8_pixels_and_standardizes_them():
+    layer = bm.Standardize()
+    pixels = np.array([[[[0, 128, 255]]]], "uint8")
+    expected = (pixels.astype("float32") - np.array(bm.IMAGENET_MEAN_RGB)) / (
+        np.array(bm.IMAGENET_STDDEV_RGB))
+    np.testing.assert_allclose(np.asarray(layer(pixels)), expected, rtol=1e-6)
+    model = bm.make_resnet50(bm.ResNetConfig(image_size=32, classes=3,
+                                             input_dtype="uint8"))
+    assert model.inputs[0].dtype == "uint8"
+    assert model.get_layer("standardize") is model.layers[1]
+    logits = model(np.full((2, 32, 32, 3), 7, "uint8"))
+    assert logits.shape == (2, 3) and logits.dtype == "float32"
+    assert {layer.momentum for layer in model.layers
+            if isinstance(layer, keras.layers.BatchNormalization)} == {0.9}

@@ -95,3 +95,19 @@ def test_report_runs_for_one_and_two_mpi_ranks(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
     report = (tmp_path / "report.md").read_text()
     assert "| mpi | base | weak | 2 |" in report
+
+
+def test_resnet50_workload_reads_real_decoded_images(tmp_path):
+    """The resnet50 workload's batches come from JPEG records through the
+    image pipeline (the model itself is only built by the workers)."""
+    import numpy as np
+    import tensorflow as tf
+    from benchmarks import image_pipeline, scaling_worker
+    files = image_pipeline.make_records(str(tmp_path), 10, 2)
+    make_model, loss_fn, dataset_fn = scaling_worker.model_and_data(
+        "resnet50", 4, files, image_size=48)
+    images, labels = next(iter(dataset_fn(None)))
+    assert images.shape == (4, 48, 48, 3) and images.dtype == tf.uint8
+    assert 0 <= int(tf.reduce_min(labels)) and int(tf.reduce_max(labels)) < 10
+    assert float(np.std(images.numpy())) > 10  # decoded pictures, not zeros
+    assert "resnet50" in scaling.DEFAULT_BATCH

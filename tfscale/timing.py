@@ -9,6 +9,8 @@ every step of the interval.
 
 import time
 
+import keras
+
 PHASES = ("input_wait", "compute", "sync", "update")
 
 
@@ -62,3 +64,21 @@ class StepTimer:
             self._examples_per_step * self._steps / self._elapsed
             if self._elapsed > 0 else 0.0)
         return result
+
+
+class IntervalLog(keras.callbacks.Callback):
+    """Keeps the per-interval logs (loss, examples/s, time split) the
+    Trainer reports every `log_steps`, as rows of floats."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        if logs and "interval_loss" in logs:
+            self.rows.append({k: float(v) for k, v in logs.items()})
+
+    def mean_examples_per_second(self) -> float:
+        """Mean over the intervals (0 if none)."""
+        rates = [r["examples_per_second"] for r in self.rows]
+        return sum(rates) / len(rates) if rates else 0.0

@@ -30,8 +30,9 @@ class OptimConfig:
         warmup_steps, total_steps: Schedule span in optimizer steps.
         end_learning_rate: Rate at `total_steps`.
         power: Exponent of the polynomial decay.
-        weight_decay: Decay rate (LAMB: inside the trust ratio; AdamW:
-            decoupled). 0 disables it.
+        weight_decay: Decay rate (LAMB: inside the trust ratio; AdamW and
+            SGD: decoupled, scaled by the learning rate, Keras's
+            `weight_decay`). 0 disables it.
         exclude_from_weight_decay: Variable path patterns with no decay (and,
             for LAMB, no layer adaptation).
         momentum: SGD momentum.
@@ -123,10 +124,13 @@ def make_optimizer(config: OptimConfig, global_batch_size: int,
                     weight_decay_rate=config.weight_decay,
                     exclude_from_weight_decay=config.exclude_from_weight_decay)
     if config.optimizer == "sgd":
-        return keras.optimizers.SGD(learning_rate, momentum=config.momentum)
-    optimizer = keras.optimizers.AdamW(
-        learning_rate, weight_decay=config.weight_decay,
-        beta_1=config.beta_1, beta_2=config.beta_2, epsilon=config.epsilon)
+        optimizer = keras.optimizers.SGD(
+            learning_rate, momentum=config.momentum,
+            weight_decay=config.weight_decay or None)
+    else:
+        optimizer = keras.optimizers.AdamW(
+            learning_rate, weight_decay=config.weight_decay,
+            beta_1=config.beta_1, beta_2=config.beta_2, epsilon=config.epsilon)
     if config.weight_decay and trainable_variables is not None:
         optimizer.exclude_from_weight_decay(var_list=[
             v for v in trainable_variables

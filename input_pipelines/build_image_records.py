@@ -1,0 +1,66 @@
+r"""A folder of images -> sharded, shuffled ImageNet-format TFRecords.
+
+    python -m input_pipelines.build_image_records \
+        --image_dir=ILSVRC2012/train --output_dir=records --name=train \
+        --num_shards=1024 [--labels_file=synsets.txt] \
+        [--metadata_file=imagenet_metadata.txt] [--bounding_box_file=boxes.csv]
+
+`image_dir` holds one folder per class (`n01440764/xxx.JPEG`, the layout of
+ImageNet's train set). Classes are numbered in the order of
+`--labels_file` (one folder name per line, e.g. TF-slim's
+imagenet_lsvrc_2015_synsets.txt) or else sorted, from `--label_offset`
+(1: TF-slim's convention, 0 is "background"). Writes
+`NAME-00000-of-0NNNN` files (TF-slim's names, the format of `images.py`)
+and `labels.txt` (line i: the folder name of label i + offset). Images that
+are not JPEG (PNG, GIF, BMP) are re-encoded as JPEG; an unreadable image is
+a one-line error naming it.
+"""
+
+import os
+from typing import Sequence
+
+import tensorflow as tf
+from absl import app, flags
+
+from input_pipelines.image_folder import WriterConfig, write_records
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("image_dir", None, "One folder of images per class.")
+flags.DEFINE_string("output_dir", None, "Where to write the records.")
+flags.DEFINE_string("name", "train", "Record file prefix (train, validation).")
+flags.DEFINE_integer("num_shards", 16, "Record files to write.")
+flags.DEFINE_integer("label_offset", 1, "Label of the first class (1: "
+                     "TF-slim/ImageNet, 0 is background).")
+flags.DEFINE_string("labels_file", None, "Class folder names in label order.")
+flags.DEFINE_string("metadata_file", None, "synset<TAB>text lines.")
+flags.DEFINE_string("bounding_box_file", None,
+                    "file,xmin,ymin,xmax,ymax lines (fractions).")
+flags.DEFINE_integer("seed", 12345, "Shuffle seed.")
+flags.DEFINE_integer("num_threads", 4, "Shards written at once.")
+
+
+def main(argv: Sequence[str]):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    for name in ("image_dir", "output_dir"):
+        if not FLAGS[name].value:
+            raise SystemExit(f"build_image_records: error: --{name} is required")
+    try:
+        config = WriterConfig(
+            image_dir=FLAGS.image_dir, output_dir=FLAGS.output_dir,
+            name=FLAGS.name, num_shards=FLAGS.num_shards,
+            label_offset=FLAGS.label_offset, labels_file=FLAGS.labels_file,
+            metadata_file=FLAGS.metadata_file,
+            bounding_box_file=FLAGS.bounding_box_file, seed=FLAGS.seed,
+            num_threads=FLAGS.num_threads)
+        names = write_records(config)
+    except (ValueError, tf.errors.NotFoundError) as e:
+        message = getattr(e, "message", None) or str(e)
+        raise SystemExit(f"build_image_records: error: {message}") from None
+    print(f"build_image_records: {len(names)} files in {FLAGS.output_dir}"
+          f" ({FLAGS.name}-*), labels in "
+          f"{os.path.join(FLAGS.output_dir, 'labels.txt')}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,178 @@
+"""A folder of class folders of images -> sharded ImageNet-format records.
+
+The library behind `build_image_records` (its command line). Classes are
+numbered in the order of a labels file (one folder name per line) or else
+sorted, from `label_offset`; images are shuffled with a seed and dealt to
+the shards; non-JPEG images are re-encoded as JPEG; an unreadable image is a
+one-line error naming it. `labels.txt` beside the shards lists the class
+folder of each label.
+"""
+
+import concurrent.futures
+import dataclasses
+import os
+import random
+from typing import Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from input_pipelines import images
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+
+
+class ImageFolderError(ValueError):
+    """The image folder, a label file or an image is unusable (named)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WriterConfig:
+    """What to write.
+
+    Attributes:
+        image_dir: One folder per class.
+        output_dir: Where the record files and labels.txt go.
+        name: Prefix of the record files ("train", "validation").
+        num_shards: Record files to write.
+        label_offset: Label of the first class.
+        labels_file: Class folder names in label order (default: sorted).
+        metadata_file: "synset<TAB>human text" lines (ImageNet's
+            imagenet_metadata.txt) for image/class/text.
+        bounding_box_file: "file,xmin,ymin,xmax,ymax" lines (fractions;
+            TF-slim's process_bounding_boxes.py output).
+        seed: Seed of the shuffle of all images before sharding.
+        num_threads: Shards written at once.
+        jpeg_quality: Quality of re-encoded non-JPEG images.
+    """
+
+    image_dir: str
+    output_dir: str
+    name: str = "train"
+    num_shards: int = 16
+    label_offset: int = 1
+    labels_file: Optional[str] = None
+    metadata_file: Optional[str] = None
+    bounding_box_file: Optional[str] = None
+    seed: int = 12345
+    num_threads: int = 4
+    jpeg_quality: int = 95
+
+    def __post_init__(self):
+        if self.num_shards < 1 or self.num_threads < 1:
+            raise ValueError("num_shards and num_threads must be >= 1")
+
+
+def find_images(image_dir: str, labels_file: Optional[str] = None
+                ) -> Tuple[List[Tuple[str, int]], List[str]]:
+    """([(path, class index)], class names) of a folder of class folders."""
+    if not tf.io.gfile.isdir(image_dir):
+        raise ImageFolderError(f"--image_dir {image_dir}: not a directory")
+    folders = sorted(d.rstrip("/") for d in tf.io.gfile.listdir(image_dir)
+                     if tf.io.gfile.isdir(os.path.join(image_dir, d)))
+    if labels_file:
+        with tf.io.gfile.GFile(labels_file) as f:
+            classes = [line.strip() for line in f if line.strip()]
+        missing = sorted(set(folders) - set(classes))
+        if missing:
+            raise ImageFolderError(
+                f"--labels_file {labels_file} does not list folder "
+                f"{missing[0]!r} of --image_dir ({len(missing)} missing)")
+    else:
+        classes = folders
+    if not classes:
+        raise ImageFolderError(f"--image_dir {image_dir}: no class folders")
+    found = []
+    for index, name in enumerate(classes):
+        folder = os.path.join(image_dir, name)
+        if not tf.io.gfile.isdir(folder):
+            continue  # a class of the labels file without images here
+        for file in sorted(tf.io.gfile.listdir(folder)):
+            if file.lower().endswith(IMAGE_EXTENSIONS):
+                found.append((os.path.join(folder, file), index))
+    if not found:
+        raise ImageFolderError(f"--image_dir {image_dir}: no images "
+                               f"({', '.join(IMAGE_EXTENSIONS)}) in its "
+                               "class folders")
+    return found, classes
+
+
+def read_metadata(path: Optional[str]) -> Dict[str, str]:
+    """synset -> human-readable text, from "synset<TAB>text" lines."""
+    if not path:
+        return {}
+    text = {}
+    with tf.io.gfile.GFile(path) as f:
+        for line in f:
+            if "\t" in line:
+                synset, human = line.rstrip("\n").split("\t", 1)
+                text[synset] = human
+    return text
+
+
+def read_boxes(path: Optional[str]) -> Dict[str, List[Tuple[float, ...]]]:
+    """file name -> [(ymin, xmin, ymax, xmax)], from TF-slim's CSV
+    "file,xmin,ymin,xmax,ymax" (fractions of the image)."""
+    if not path:
+        return {}
+    boxes = {}
+    with tf.io.gfile.GFile(path) as f:
+        for number, line in enumerate(f, 1):
+            parts = line.strip().split(",")
+            if len(parts) != 5:
+                if line.strip():
+                    raise ImageFolderError(
+                        f"--bounding_box_file {path}: line {number}: expected "
+                        f"'file,xmin,ymin,xmax,ymax', got {line.strip()!r}")
+                continue
+            xmin, ymin, xmax, ymax = (float(v) for v in parts[1:])
+            boxes.setdefault(parts[0], []).append((ymin, xmin, ymax, xmax))
+    return boxes
+
+
+def encode(path: str, jpeg_quality: int) -> Tuple[bytes, int, int]:
+    """An image file -> (JPEG bytes, height, width)."""
+    with tf.io.gfile.GFile(path, "rb") as f:
+        data = f.read()
+    try:
+        if tf.io.is_jpeg(data):
+            height, width, _ = tf.image.extract_jpeg_shape(data).numpy()
+            tf.io.decode_jpeg(data, channels=3, ratio=8)  # readable at all?
+            return data, int(height), int(width)
+        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+    except tf.errors.InvalidArgumentError as e:
+        raise ImageFolderError(f"{path}: not a readable image "
+                               f"({images.op_message(e)})") from None
+    jpeg = tf.io.encode_jpeg(image, quality=jpeg_quality).numpy()
+    return jpeg, int(image.shape[0]), int(image.shape[1])
+
+
+def write_records(config: WriterConfig) -> List[str]:
+    """Writes the shards and labels.txt; returns the shard file names."""
+    found, classes = find_images(config.image_dir, config.labels_file)
+    metadata = read_metadata(config.metadata_file)
+    boxes = read_boxes(config.bounding_box_file)
+    random.Random(config.seed).shuffle(found)
+    tf.io.gfile.makedirs(config.output_dir)
+    shards = min(config.num_shards, len(found))
+    names = [os.path.join(config.output_dir,
+                          f"{config.name}-{i:05d}-of-{shards:05d}")
+             for i in range(shards)]
+
+    def write_shard(i):
+        with tf.io.TFRecordWriter(names[i]) as writer:
+            for path, index in found[i::shards]:
+                jpeg, height, width = encode(path, config.jpeg_quality)
+                synset = classes[index]
+                file = os.path.basename(path)
+                writer.write(images.serialize_example(
+                    jpeg, index + config.label_offset, height, width,
+                    synset=synset, text=metadata.get(synset, ""),
+                    filename=file, boxes=boxes.get(file, ())))
+
+    with concurrent.futures.ThreadPoolExecutor(config.num_threads) as pool:
+        for future in [pool.submit(write_shard, i) for i in range(shards)]:
+            future.result()
+    with tf.io.gfile.GFile(os.path.join(config.output_dir, "labels.txt"),
+                           "w") as f:
+        f.write("".join(f"{name}\n" for name in classes))
+    return names

@@ -1,0 +1,282 @@
+"""ImageNet-format records: the writer, the decode-and-crop pipeline, bad
+JPEGs, and ResNet-50 training on 2 real workers."""
+
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from input_pipelines import image_folder, images, pattern_images, tfrecord
+from tests.conftest import run_command, run_workers
+
+SPEC = images.ImageSpec(image_size=32, num_classes=3)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """3 classes x 6 JPEGs (300-500 px), plus one PNG in class_001."""
+    root = tmp_path_factory.mktemp("images")
+    image_dir = str(root / "train")
+    pattern_images.write_image_folder(image_dir, 3, 6, seed=1)
+    png = pattern_images.pattern_image(1, 3, 40, 60, np.random.default_rng(0))
+    with open(os.path.join(image_dir, "class_001", "extra.png"), "wb") as f:
+        f.write(tf.io.encode_png(png).numpy())
+    return image_dir
+
+
+@pytest.fixture(scope="module")
+def records(folder, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("records"))
+    files = image_folder.write_records(image_folder.WriterConfig(
+        image_dir=folder, output_dir=out, num_shards=4, seed=3))
+    return files
+
+
+def read_examples(files):
+    for name in files:
+        for record in tf.data.TFRecordDataset(name):
+            yield name, tf.train.Example.FromString(record.numpy())
+
+
+def feature(example, key):
+    value = example.features.feature[key]
+    return getattr(value, value.WhichOneof("kind")).value
+
+
+def test_writer_round_trips_labels_and_images(folder, records):
+    assert [os.path.basename(f) for f in records] == [
+        f"train-0000{i}-of-00004" for i in range(4)]
+    labels_txt = os.path.join(os.path.dirname(records[0]), "labels.txt")
+    with open(labels_txt) as f:
+        assert f.read().split() == ["class_000", "class_001", "class_002"]
+    seen = {}
+    for _, ex in read_examples(records):
+        synset = feature(ex, "image/class/synset")[0].decode()
+        name = feature(ex, "image/filename")[0].decode()
+        label = feature(ex, "image/class/label")[0]
+        assert label == int(synset[-3:]) + 1  # 1-based, in labels.txt order
+        encoded = feature(ex, "image/encoded")[0]
+        with open(os.path.join(folder, synset, name), "rb") as f:
+            original = f.read()
+        if name.endswith(".jpg"):
+            assert encoded == original  # JPEGs are stored as they are
+        pixels = tf.io.decode_jpeg(encoded).numpy()
+        assert pixels.shape[:2] == (feature(ex, "image/height")[0],
+                                    feature(ex, "image/width")[0])
+        if name.endswith(".png"):  # re-encoded as JPEG, close to the PNG
+            png = tf.io.decode_png(original).numpy().astype(float)
+            assert np.abs(pixels - png).mean() < 8
+        seen[(synset, name)] = seen.get((synset, name), 0) + 1
+    assert len(seen) == 3 * 6 + 1 and set(seen.values()) == {1}
+    # Shuffled before sharding: a shard holds several classes.
+    first = [feature(ex, "image/class/label")[0]
+             for _, ex in read_examples(records[:1])]
+    assert len(set(first)) > 1
+
+
+def test_writer_labels_file_and_errors(folder, tmp_path):
+    order = tmp_path / "synsets.txt"
+    order.write_text("class_002\nclass_000\nclass_001\nclass_999\n")
+    found, classes = image_folder.find_images(folder, str(order))
+    assert classes[:3] == ["class_002", "class_000", "class_001"]
+    assert {index for path, index in found if "class_002" in path} == {0}
+    order.write_text("class_000\n")
+    with pytest.raises(image_folder.ImageFolderError,
+                       match="does not list folder 'class_001'"):
+        image_folder.find_images(folder, str(order))
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    with pytest.raises(image_folder.ImageFolderError,
+                       match=f"{bad}: not a readable image"):
+        image_folder.encode(str(bad), 95)
+
+
+def context(num, index):
+    return tf.distribute.InputContext(num_input_pipelines=num,
+                                      input_pipeline_id=index,
+                                      num_replicas_in_sync=num)
+
+
+def image_hashes(files, num=1, index=0, spec=SPEC):
+    ds = images.make_dataset(tfrecord.TFRecordConfig(files, training=False),
+                             spec, 4, context(num, index))
+    return [hashlib.sha1(image.tobytes()).hexdigest()
+            for batch, _ in ds for image in batch.numpy()]
+
+
+@pytest.mark.parametrize("use_files", [4, 1])  # by file; by record
+def test_shards_are_disjoint_and_complete(records, use_files):
+    files = records[:use_files]
+    everything = image_hashes(files)
+    shards = [image_hashes(files, 2, i) for i in range(2)]
+    assert not set(shards[0]) & set(shards[1])
+    assert sorted(shards[0] + shards[1]) == sorted(everything)
+    assert len(set(everything)) == len(everything) > 0
+
+
+def test_crops_stay_inside_the_image(records):
+    record = next(iter(tf.data.TFRecordDataset(records[0])))
+    encoded, _, no_boxes = images.parse_record(record)
+    height, width, _ = tf.image.extract_jpeg_shape(encoded).numpy()
+    box = tf.constant([[[0.6, 0.7, 0.9, 0.95]]])  # a small object
+    spec = images.ImageSpec(image_size=32, num_classes=3,
+                            min_object_covered=0.5)
+    for boxes in (no_boxes, box):
+        for i in range(200):
+            y, x, h, w = images.crop_window(
+                encoded, boxes, tf.constant([7, i], tf.int64), spec).numpy()
+            assert 0 <= y and 0 <= x and h > 0 and w > 0
+            assert y + h <= height and x + w <= width
+            if boxes is box:  # covers >= half of the object's box
+                ymin, xmin, ymax, xmax = box.numpy()[0, 0] * [height, width,
+                                                             height, width]
+                overlap = (max(0, min(y + h, ymax) - max(y, ymin)) *
+                           max(0, min(x + w, xmax) - max(x, xmin)))
+                assert overlap >= 0.5 * (ymax - ymin) * (xmax - xmin) - width
+    window = images.central_window(encoded, images.ImageSpec(224, 3)).numpy()
+    side = int(224 / 256 * min(height, width))
+    assert list(window[2:]) == [side, side]
+    assert abs(2 * window[0] + side - height) <= 1
+    assert abs(2 * window[1] + side - width) <= 1
+
+
+def epochs_of(files, seed, training=True, count=2):
+    """Per-epoch lists of the images of a 1-file, unshuffled stream."""
+    config = tfrecord.TFRecordConfig(files, training=training, seed=seed,
+                                     shuffle_buffer_size=0, deterministic=True)
+    per_epoch = sum(1 for _ in tf.data.TFRecordDataset(files))
+    ds = images.make_dataset(config, SPEC, per_epoch)
+    if not training:
+        ds = ds.repeat()
+    return [batch.numpy() for batch, _ in ds.take(count)]
+
+
+def test_crops_are_random_per_epoch_with_a_seed_and_fixed_in_evaluation(
+        records):
+    files = records[:1]
+    first, second = epochs_of(files, seed=5)
+    again = epochs_of(files, seed=5)
+    other = epochs_of(files, seed=6)
+    assert np.array_equal(first, again[0]) and np.array_equal(second, again[1])
+    differ = [not np.array_equal(a, b) for a, b in zip(first, second)]
+    assert all(differ)  # every image cropped differently in epoch 2
+    assert not np.array_equal(first, other[0])
+    evaluation = epochs_of(files, seed=None, training=False)
+    assert np.array_equal(evaluation[0], evaluation[1])
+
+
+def test_input_state_restores_exactly(records):
+    """The augmentation seeds come from the iterator's position, so a
+    checkpointed iterator continues with the same crops and, with
+    `deterministic` (--deterministic), the same order."""
+    config = tfrecord.TFRecordConfig(records, training=True, seed=9,
+                                     shuffle_buffer_size=8, deterministic=True)
+    def make():
+        return iter(images.make_dataset(config, SPEC, 3))
+    reference = make()
+    expected = [next(reference)[0].numpy() for _ in range(10)]
+    iterator = make()
+    for _ in range(4):
+        next(iterator)
+    checkpoint = tf.train.Checkpoint(input=iterator)
+    path = checkpoint.save(os.path.join(str(records[0]) + "-state", "ckpt"))
+    restored = make()
+    tf.train.Checkpoint(input=restored).restore(path).assert_consumed()
+    for step in range(4, 10):
+        assert np.array_equal(next(restored)[0].numpy(), expected[step]), step
+
+
+def test_output_dtypes(records):
+    for dtype in ("uint8", "float32", "bfloat16"):
+        spec = images.ImageSpec(image_size=32, num_classes=3,
+                                output_dtype=dtype)
+        ds = images.make_dataset(
+            tfrecord.TFRecordConfig(records, training=True, seed=1), spec, 2)
+        image, label = next(iter(ds))
+        assert image.dtype == dtype and image.shape == (2, 32, 32, 3)
+        assert label.dtype == tf.int32
+        assert 0 <= float(tf.reduce_min(tf.cast(image, tf.float32)))
+        assert float(tf.reduce_max(tf.cast(image, tf.float32))) <= 255
+
+
+def write_with_corrupt(directory, files, bad_positions):
+    """Copies of `files`' records with the JPEGs at `bad_positions` (of the
+    first file) truncated; returns the new file names."""
+    out = []
+    for number, name in enumerate(files):
+        copy = os.path.join(directory, os.path.basename(name))
+        with tf.io.TFRecordWriter(copy) as writer:
+            for position, (_, ex) in enumerate(read_examples([name])):
+                if number == 0 and position in bad_positions:
+                    encoded = ex.features.feature["image/encoded"]
+                    jpeg = encoded.bytes_list.value[0]
+                    encoded.bytes_list.value[0] = jpeg[:len(jpeg) // 3]
+                writer.write(ex.SerializeToString())
+        out.append(copy)
+    return out
+
+
+def test_a_corrupt_jpeg_is_named_or_skipped_and_counted(records, tmp_path,
+                                                        capfd):
+    files = write_with_corrupt(str(tmp_path), records[:2], {1, 3})
+    total = sum(1 for _ in tf.data.TFRecordDataset(files))
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        image_hashes(files)
+    assert images.find_bad_record(files, SPEC) == (
+        f"{files[0]}: record 1: image/encoded is not a readable JPEG "
+        "(jpeg::Uncompress failed. Invalid JPEG data or crop window.)")
+    skipping = tfrecord.TFRecordConfig(files, training=False,
+                                       skip_corrupt=True)
+    kept = sum(int(label.shape[0]) for _, label in
+               images.make_dataset(skipping, SPEC, 4))
+    assert kept == total - 2
+    err = capfd.readouterr().err
+    assert "skipped a corrupt record (--skip_corrupt_records); 1 so far" in err
+    assert "skipped a corrupt record (--skip_corrupt_records); 2 so far" in err
+
+
+def test_entry_point_names_a_bad_first_record(records, tmp_path):
+    files = write_with_corrupt(str(tmp_path), records[:1], {0})
+    code, output = run_command(
+        [sys.executable, "train_image_classifier.py",
+         f"--train_files={files[0]}", f"--output_dir={tmp_path / 'out'}",
+         "--num_classes=3", "--image_size=32"], timeout=120)
+    assert code != 0
+    assert output.strip().splitlines()[-1] == (
+        f"train_image_classifier: error: --train_files: {files[0]}: record 0: "
+        "image/encoded is not a readable JPEG (jpeg::Uncompress failed. "
+        "Invalid JPEG data or crop window.)")
+    code, output = run_command(
+        [sys.executable, "train_image_classifier.py",
+         f"--train_files={records[0]}", f"--output_dir={tmp_path / 'out'}",
+         "--num_classes=2", "--image_size=32"], timeout=120)
+    assert code != 0 and "image/class/label 3 is outside [1, 3) " \
+        "(--label_offset=1, --num_classes=2)" in output.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_resnet50_trains_on_two_workers(records, tmp_path):
+    out = tmp_path / "run"
+    code, output = run_workers(2, [
+        "train_image_classifier", f"--train_files={','.join(records)}",
+        f"--eval_files={records[0]}", f"--output_dir={out}",
+        "--image_size=32", "--num_classes=3", "--train_batch_size=16",
+        "--num_train_steps=20", "--num_warmup_steps=2",
+        "--save_checkpoints_steps=10", "--log_steps=5", "--deterministic",
+        "--timed_steps_per_log=0",
+        "--precision=mixed_bfloat16"], timeout=400)
+    # Goyal et al.'s rule from the defaults: 0.1 at 256 -> 0.00625 at 16.
+    assert "lr 0.1 at batch 256 (linear scaling" in output
+    assert "workers 2 (tf_config), replicas 2, global batch 16" in output
+    summary = json.loads((out / "summary.json").read_text())
+    losses = [row["interval_loss"] for row in summary["intervals"]]
+    assert summary["steps"] == 20 and len(losses) == 4
+    assert losses[-1] < losses[0], losses
+    assert {"accuracy", "top_5_accuracy", "loss"} <= set(summary["eval"])
+    steps = sorted(int(name.split("-")[1].split(".")[0]) for name in
+                   os.listdir(out / "checkpoints") if name.endswith(".index"))
+    assert steps == [10, 20]
