@@ -2,6 +2,8 @@
 
 import logging
 import os
+import sys
+from typing import Callable
 
 
 class _NoTensorFlowInfo(logging.Filter):
@@ -23,3 +25,18 @@ def quiet_tensorflow(verbosity: int):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # before TF's import
     for name in ("tensorflow", "absl"):
         logging.getLogger(name).addFilter(_NoTensorFlowInfo())
+
+
+def run_job(program: str, job: Callable, config) -> None:
+    """Runs `job(config)` on this worker: a `JobError` becomes one line on
+    stderr and exit 1; preemption prints a line and exits 143 after the
+    checkpoint (launchers and schedulers restart the job)."""
+    from tfscale.jobs import JobError
+    from tfscale.preemption import Preempted
+    try:
+        job(config)
+    except JobError as e:
+        sys.exit(f"{program}: error: {e}")
+    except Preempted as e:
+        print(f"{program}: {e}", file=sys.stderr, flush=True)
+        raise

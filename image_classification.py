@@ -80,13 +80,9 @@ class ImageClassificationConfig:
     deterministic: bool = False
 
     def __post_init__(self):
-        if not self.output_dir:
-            raise ValueError("output_dir is required")
-        if not self.train.checkpoint_dir:
-            raise ValueError("train.checkpoint_dir is required")
-        if not (self.do_train or self.eval_records):
-            raise ValueError("do_train and do_eval are both False: nothing "
-                             "to do")
+        jobs.check_job_config(output_dir=self.output_dir, train=self.train,
+                              do_train=self.do_train,
+                              evaluates=self.eval_records is not None)
         if not 0 <= self.label_smoothing < 1:
             raise ValueError(f"label_smoothing must be in [0, 1), got "
                              f"{self.label_smoothing}")
@@ -121,9 +117,12 @@ def train_and_evaluate(config: ImageClassificationConfig) -> dict:
         ImageClassificationError: Bad records, files, checkpoint or cluster.
         Preempted: SIGTERM; the agreed step is saved (exit code 143).
     """
-    train_files = _files(config.train_records, "train_files")
-    eval_files = (_files(config.eval_records, "eval_files")
-                  if config.eval_records else None)
+    with jobs.blame("train_files", tfrecord.InputError):
+        train_files = tfrecord.expand_files(config.train_records.input_files)
+    eval_files = None
+    if config.eval_records:
+        with jobs.blame("eval_files", tfrecord.InputError):
+            eval_files = tfrecord.expand_files(config.eval_records.input_files)
     info, strategy = jobs.start_worker(
         config.cluster, output_dir=config.output_dir,
         precision=config.train.precision, seed=config.seed,
@@ -177,13 +176,6 @@ def train_and_evaluate(config: ImageClassificationConfig) -> dict:
                                 "images"), flush=True)
     trainer.barrier()
     return results
-
-
-def _files(records: TFRecordConfig, setting: str) -> list:
-    try:
-        return tfrecord.expand_files(records.input_files)
-    except tfrecord.InputError as e:
-        raise ImageClassificationError(setting, str(e)) from None
 
 
 def _restore_for_eval(config, trainer, model):

@@ -82,13 +82,9 @@ class PretrainingConfig:
     deterministic: bool = False
 
     def __post_init__(self):
-        if not self.output_dir:
-            raise ValueError("output_dir is required")
-        if not self.train.checkpoint_dir:
-            raise ValueError("train.checkpoint_dir is required")
-        if not (self.do_train or self.eval_records):
-            raise ValueError("do_train and do_eval are both False: nothing "
-                             "to do")
+        jobs.check_job_config(output_dir=self.output_dir, train=self.train,
+                              do_train=self.do_train,
+                              evaluates=self.eval_records is not None)
         if self.optim.total_steps < 1:
             raise ValueError(f"num_train_steps must be >= 1, got "
                              f"{self.optim.total_steps}")
@@ -115,9 +111,12 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
         PretrainingError: Bad records, files, checkpoint or cluster setup.
         Preempted: SIGTERM; the agreed step is saved (exit code 143).
     """
-    train_files = _files(config.train_records, "input_file")
-    eval_files = (_files(config.eval_records, "eval_input_file")
-                  if config.eval_records else None)
+    with jobs.blame("input_file", tfrecord.InputError):
+        train_files = tfrecord.expand_files(config.train_records.input_files)
+    eval_files = None
+    if config.eval_records:
+        with jobs.blame("eval_input_file", tfrecord.InputError):
+            eval_files = tfrecord.expand_files(config.eval_records.input_files)
     info, strategy = jobs.start_worker(
         config.cluster, output_dir=config.output_dir,
         precision=config.train.precision, seed=config.seed,
@@ -189,13 +188,6 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
     # Exit together, once the chief's files are written.
     trainer.barrier()
     return results
-
-
-def _files(records: TFRecordConfig, setting: str) -> list:
-    try:
-        return tfrecord.expand_files(records.input_files)
-    except tfrecord.InputError as e:
-        raise PretrainingError(setting, str(e)) from None
 
 
 def _initial_weights(config: PretrainingConfig, model) -> Optional[str]:

@@ -21,7 +21,7 @@ import sys
 
 from absl import app, flags
 
-from cli import quiet_tensorflow
+from cli import quiet_tensorflow, run_job
 
 FLAGS = flags.FLAGS
 
@@ -322,16 +322,7 @@ def main(argv):
     quiet_tensorflow(FLAGS.verbosity)
     config = config_from_flags()
     from pretraining import train_and_evaluate
-    from tfscale.jobs import JobError
-    from tfscale.preemption import Preempted
-    try:
-        train_and_evaluate(config)
-    except JobError as e:
-        fail(str(e))
-    except Preempted as e:
-        # Exit 143 after the checkpoint: launchers and schedulers restart us.
-        print(f"run_pretraining: {e}", file=sys.stderr, flush=True)
-        raise
+    run_job("run_pretraining", train_and_evaluate, config)
 
 
 if __name__ == "__main__":

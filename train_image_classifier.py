@@ -22,7 +22,7 @@ import sys
 
 from absl import app, flags
 
-from cli import quiet_tensorflow
+from cli import quiet_tensorflow, run_job
 
 FLAGS = flags.FLAGS
 
@@ -184,15 +184,7 @@ def main(argv):
     quiet_tensorflow(FLAGS.verbosity)
     config = config_from_flags()
     from image_classification import train_and_evaluate
-    from tfscale.jobs import JobError
-    from tfscale.preemption import Preempted
-    try:
-        train_and_evaluate(config)
-    except JobError as e:
-        fail(str(e))
-    except Preempted as e:
-        print(f"train_image_classifier: {e}", file=sys.stderr, flush=True)
-        raise
+    run_job("train_image_classifier", train_and_evaluate, config)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,10 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 import tensorflow as tf
 
+from benchmarks.input_pipeline import examples_per_second
 from input_pipelines import image_folder, images, pattern_images, tfrecord
 
 MODEL_GARDEN_PACKAGES = ("tf-models-official==2.20.0", "pyyaml", "gin-config",
@@ -206,16 +206,6 @@ def ensure_model_garden(directory: str) -> str:
     return ""
 
 
-def images_per_second(dataset, batch_size, batches, warmup) -> float:
-    iterator = iter(dataset)
-    for _ in range(warmup):
-        next(iterator)
-    start = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
-    return batches * batch_size / (time.perf_counter() - start)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--output_dir", default="runs/image_pipeline")
@@ -256,8 +246,9 @@ def main(argv=None):
     for round_ in range(args.repeats):
         for name in names:
             batches = args.batches // 4 if name == "naive" else args.batches
-            rate = images_per_second(builders[name](), args.batch_size,
-                                     max(2, batches), args.warmup_batches)
+            rate = examples_per_second(
+                builders[name](), args.batch_size,
+                warmup=args.warmup_batches, batches=max(2, batches))
             rates[name].append(rate)
             print(f"round {round_ + 1}: {name}: {rate:.1f} images/s",
                   flush=True)

@@ -154,25 +154,15 @@ def describe_record(record: bytes, spec: BertRecordSpec,
 def check_first_record(files, spec: BertRecordSpec,
                        limits: Optional[IdLimits] = None,
                        compression_type: Optional[str] = None) -> None:
-    """Reads one record of the first file and checks it against the spec and
-    the model: a wrong length or vocabulary fails here, before training.
+    """Checks one record of the first file against the spec and the model:
+    a wrong length or vocabulary fails here, before training.
 
     Raises:
-        tfrecord.InputError: "FILE: <problem>"; an empty first file is
-            allowed (other files may hold records).
+        tfrecord.InputError: "FILE: record 0: <problem>".
     """
-    name = files[0]
-    try:
-        first = next(iter(tf.data.TFRecordDataset(
-            name, compression_type=compression_type).take(1)), None)
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-        raise tfrecord.InputError(
-            f"{name}: {e.message.strip().splitlines()[0]}") from None
-    if first is None:
-        return
-    problem = describe_record(first.numpy(), spec, limits)
-    if problem:
-        raise tfrecord.InputError(f"{name}: record 0: {problem}")
+    tfrecord.check_first_record(
+        files, lambda record: describe_record(record, spec, limits),
+        compression_type)
 
 
 def find_bad_record(files, spec: BertRecordSpec,

@@ -311,24 +311,14 @@ def describe_record(record: bytes, spec: ImageSpec) -> Optional[str]:
 
 def check_first_record(files, spec: ImageSpec,
                        compression_type: Optional[str] = None) -> None:
-    """Reads one record of the first file and checks it: a BERT record, or
-    labels for another --num_classes, fail here, before training.
+    """Checks one record of the first file: a BERT record, or labels for
+    another --num_classes, fail here, before training.
 
     Raises:
         tfrecord.InputError: "FILE: record 0: <problem>".
     """
-    name = files[0]
-    try:
-        first = next(iter(tf.data.TFRecordDataset(
-            name, compression_type=compression_type).take(1)), None)
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-        raise tfrecord.InputError(
-            f"{name}: {e.message.strip().splitlines()[0]}") from None
-    if first is None:
-        return
-    problem = describe_record(first.numpy(), spec)
-    if problem:
-        raise tfrecord.InputError(f"{name}: record 0: {problem}")
+    tfrecord.check_first_record(
+        files, lambda record: describe_record(record, spec), compression_type)
 
 
 def find_bad_record(files, spec: ImageSpec,

@@ -318,6 +318,32 @@ def dataset_options(deterministic: bool, threadpool_size: Optional[int] = None,
     return options
 
 
+def check_first_record(files: Sequence[str],
+                       describe: Callable[[bytes], Optional[str]],
+                       compression_type: Optional[str] = None) -> None:
+    """Reads one record of the first file and checks it with `describe`
+    (`fn(serialized record) -> problem or None`): records of another kind
+    or for another model fail here, before training.
+
+    Raises:
+        InputError: "FILE: record 0: <problem>", or "FILE: <TF's message>"
+            when the file does not read; an empty first file is allowed
+            (other files may hold records).
+    """
+    name = files[0]
+    try:
+        first = next(iter(tf.data.TFRecordDataset(
+            name, compression_type=compression_type).take(1)), None)
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+        raise InputError(
+            f"{name}: {e.message.strip().splitlines()[0]}") from None
+    if first is None:
+        return
+    problem = describe(first.numpy())
+    if problem:
+        raise InputError(f"{name}: record 0: {problem}")
+
+
 def find_bad_record(files: Sequence[str], parse_fn: Optional[Callable] = None,
                     compression_type: Optional[str] = None,
                     describe: Optional[Callable[[bytes], Optional[str]]] = None

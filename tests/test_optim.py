@@ -1,5 +1,3 @@
-import math
-
 import keras
 import numpy as np
 import pytest

@@ -11,6 +11,7 @@ these steps around their own records and model. Errors the user can fix
 are `JobError`s: one line, naming the setting (which is also the flag).
 """
 
+import contextlib
 import os
 from typing import Optional, Tuple
 
@@ -37,6 +38,31 @@ class JobError(Exception):
     def __init__(self, setting: Optional[str], message: str):
         self.setting = setting
         super().__init__(f"--{setting}: {message}" if setting else message)
+
+
+def check_job_config(*, output_dir: str, train: TrainConfig, do_train: bool,
+                     evaluates: bool) -> None:
+    """What every job config needs: somewhere to write and something to do.
+
+    Raises:
+        ValueError: "<field> ..." (the entry points turn it into the flag).
+    """
+    if not output_dir:
+        raise ValueError("output_dir is required")
+    if not train.checkpoint_dir:
+        raise ValueError("train.checkpoint_dir is required")
+    if not (do_train or evaluates):
+        raise ValueError("do_train and do_eval are both False: nothing to do")
+
+
+@contextlib.contextmanager
+def blame(setting: str, *errors):
+    """Turns `errors` raised inside the block into a `JobError` naming
+    `setting` (their message is already the one line the user reads)."""
+    try:
+        yield
+    except errors as e:
+        raise JobError(setting, str(e)) from None
 
 
 def start_worker(cluster: ClusterConfig, *, output_dir: str, precision: str,
