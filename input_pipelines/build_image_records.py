@@ -4,16 +4,24 @@ r"""A folder of images -> sharded, shuffled ImageNet-format TFRecords.
         --image_dir=ILSVRC2012/train --output_dir=records --name=train \
         --num_shards=1024 [--labels_file=synsets.txt] \
         [--metadata_file=imagenet_metadata.txt] [--bounding_box_file=boxes.csv]
+    python -m input_pipelines.build_image_records \
+        --image_dir=ILSVRC2012/val --output_dir=records --name=validation \
+        --num_shards=128 --labels_file=records/labels.txt \
+        --image_labels_file=imagenet_2012_validation_synset_labels.txt
 
 `image_dir` holds one folder per class (`n01440764/xxx.JPEG`, the layout of
-ImageNet's train set). Classes are numbered in the order of
-`--labels_file` (one folder name per line, e.g. TF-slim's
-imagenet_lsvrc_2015_synsets.txt) or else sorted, from `--label_offset`
+ImageNet's train set), or, with `--image_labels_file` (one class per image,
+in the sorted order of the file names), it is flat like ImageNet's
+validation set. Classes are numbered in the order of `--labels_file` (one
+class name per line, e.g. TF-slim's imagenet_lsvrc_2015_synsets.txt, or the
+labels.txt written with the training records) or else sorted, from
+`--label_offset`
 (1: TF-slim's convention, 0 is "background"). Writes
 `NAME-00000-of-0NNNN` files (TF-slim's names, the format of `images.py`)
 and `labels.txt` (line i: the folder name of label i + offset). Images that
 are not JPEG (PNG, GIF, BMP) are re-encoded as JPEG; an unreadable image is
-a one-line error naming it.
+a one-line error naming it. A shard appears under its name only when
+complete.
 """
 
 import os
@@ -31,7 +39,11 @@ flags.DEFINE_string("name", "train", "Record file prefix (train, validation).")
 flags.DEFINE_integer("num_shards", 16, "Record files to write.")
 flags.DEFINE_integer("label_offset", 1, "Label of the first class (1: "
                      "TF-slim/ImageNet, 0 is background).")
-flags.DEFINE_string("labels_file", None, "Class folder names in label order.")
+flags.DEFINE_string("labels_file", None, "Class names in label order.")
+flags.DEFINE_string("image_labels_file", None,
+                    "One class name per image of a flat --image_dir, in the "
+                    "sorted order of the file names (ImageNet's validation "
+                    "synset labels).")
 flags.DEFINE_string("metadata_file", None, "synset<TAB>text lines.")
 flags.DEFINE_string("bounding_box_file", None,
                     "file,xmin,ymin,xmax,ymax lines (fractions).")
@@ -50,6 +62,7 @@ def main(argv: Sequence[str]):
             image_dir=FLAGS.image_dir, output_dir=FLAGS.output_dir,
             name=FLAGS.name, num_shards=FLAGS.num_shards,
             label_offset=FLAGS.label_offset, labels_file=FLAGS.labels_file,
+            image_labels_file=FLAGS.image_labels_file,
             metadata_file=FLAGS.metadata_file,
             bounding_box_file=FLAGS.bounding_box_file, seed=FLAGS.seed,
             num_threads=FLAGS.num_threads)

@@ -1,11 +1,15 @@
-"""A folder of class folders of images -> sharded ImageNet-format records.
+"""A folder of images -> sharded ImageNet-format records.
 
-The library behind `build_image_records` (its command line). Classes are
-numbered in the order of a labels file (one folder name per line) or else
-sorted, from `label_offset`; images are shuffled with a seed and dealt to
-the shards; non-JPEG images are re-encoded as JPEG; an unreadable image is a
-one-line error naming it. `labels.txt` beside the shards lists the class
-folder of each label.
+The library behind `build_image_records` (its command line). The folder
+holds one folder per class (ImageNet's train layout), or it is flat with a
+file naming each image's class (ImageNet's validation layout:
+ILSVRC2012_val_*.JPEG plus imagenet_2012_validation_synset_labels.txt).
+Classes are numbered in the order of a labels file (one class name per
+line) or else sorted, from `label_offset`; images are shuffled with a seed
+and dealt to the shards; non-JPEG images are re-encoded as JPEG; an
+unreadable image is a one-line error naming it. Each shard is written under
+a temporary name and renamed when complete. `labels.txt` beside the shards
+lists the class of each label.
 """
 
 import concurrent.futures
@@ -30,12 +34,16 @@ class WriterConfig:
     """What to write.
 
     Attributes:
-        image_dir: One folder per class.
+        image_dir: One folder per class, or a flat folder of images when
+            `image_labels_file` is given.
         output_dir: Where the record files and labels.txt go.
         name: Prefix of the record files ("train", "validation").
         num_shards: Record files to write.
         label_offset: Label of the first class.
-        labels_file: Class folder names in label order (default: sorted).
+        labels_file: Class names in label order (default: sorted).
+        image_labels_file: One class name per image of a flat `image_dir`,
+            in the sorted order of the image file names (ImageNet's
+            imagenet_2012_validation_synset_labels.txt).
         metadata_file: "synset<TAB>human text" lines (ImageNet's
             imagenet_metadata.txt) for image/class/text.
         bounding_box_file: "file,xmin,ymin,xmax,ymax" lines (fractions;
@@ -51,6 +59,7 @@ class WriterConfig:
     num_shards: int = 16
     label_offset: int = 1
     labels_file: Optional[str] = None
+    image_labels_file: Optional[str] = None
     metadata_file: Optional[str] = None
     bounding_box_file: Optional[str] = None
     seed: int = 12345
@@ -62,16 +71,30 @@ class WriterConfig:
             raise ValueError("num_shards and num_threads must be >= 1")
 
 
-def find_images(image_dir: str, labels_file: Optional[str] = None
+def read_lines(path: str) -> List[str]:
+    """The non-empty lines of a text file, stripped."""
+    with tf.io.gfile.GFile(path) as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def _image_files(folder: str) -> List[str]:
+    return sorted(f for f in tf.io.gfile.listdir(folder)
+                  if f.lower().endswith(IMAGE_EXTENSIONS))
+
+
+def find_images(image_dir: str, labels_file: Optional[str] = None,
+                image_labels_file: Optional[str] = None
                 ) -> Tuple[List[Tuple[str, int]], List[str]]:
-    """([(path, class index)], class names) of a folder of class folders."""
+    """([(path, class index)], class names) of a folder of class folders,
+    or of a flat folder whose images' classes `image_labels_file` lists."""
     if not tf.io.gfile.isdir(image_dir):
         raise ImageFolderError(f"--image_dir {image_dir}: not a directory")
+    classes = read_lines(labels_file) if labels_file else None
+    if image_labels_file:
+        return _find_flat(image_dir, image_labels_file, classes, labels_file)
     folders = sorted(d.rstrip("/") for d in tf.io.gfile.listdir(image_dir)
                      if tf.io.gfile.isdir(os.path.join(image_dir, d)))
-    if labels_file:
-        with tf.io.gfile.GFile(labels_file) as f:
-            classes = [line.strip() for line in f if line.strip()]
+    if classes is not None:
         missing = sorted(set(folders) - set(classes))
         if missing:
             raise ImageFolderError(
@@ -80,20 +103,46 @@ def find_images(image_dir: str, labels_file: Optional[str] = None
     else:
         classes = folders
     if not classes:
-        raise ImageFolderError(f"--image_dir {image_dir}: no class folders")
+        raise ImageFolderError(
+            f"--image_dir {image_dir}: no class folders (a flat folder of "
+            "images needs --image_labels_file)")
     found = []
     for index, name in enumerate(classes):
         folder = os.path.join(image_dir, name)
         if not tf.io.gfile.isdir(folder):
             continue  # a class of the labels file without images here
-        for file in sorted(tf.io.gfile.listdir(folder)):
-            if file.lower().endswith(IMAGE_EXTENSIONS):
-                found.append((os.path.join(folder, file), index))
+        found += [(os.path.join(folder, f), index)
+                  for f in _image_files(folder)]
     if not found:
         raise ImageFolderError(f"--image_dir {image_dir}: no images "
                                f"({', '.join(IMAGE_EXTENSIONS)}) in its "
                                "class folders")
     return found, classes
+
+
+def _find_flat(image_dir: str, image_labels_file: str,
+               classes: Optional[List[str]], labels_file: Optional[str]
+               ) -> Tuple[List[Tuple[str, int]], List[str]]:
+    files = _image_files(image_dir)
+    names = read_lines(image_labels_file)
+    if len(names) != len(files):
+        raise ImageFolderError(
+            f"--image_labels_file {image_labels_file}: {len(names)} lines for "
+            f"{len(files)} images in --image_dir {image_dir} (one class per "
+            "image, in the sorted order of the file names)")
+    if not files:
+        raise ImageFolderError(f"--image_dir {image_dir}: no images "
+                               f"({', '.join(IMAGE_EXTENSIONS)})")
+    if classes is None:
+        classes = sorted(set(names))
+    index = {name: i for i, name in enumerate(classes)}
+    for number, name in enumerate(names, 1):
+        if name not in index:
+            raise ImageFolderError(
+                f"--image_labels_file {image_labels_file}: line {number}: "
+                f"class {name!r} is not in --labels_file {labels_file}")
+    return ([(os.path.join(image_dir, f), index[name])
+             for f, name in zip(files, names)], classes)
 
 
 def read_metadata(path: Optional[str]) -> Dict[str, str]:
@@ -146,9 +195,22 @@ def encode(path: str, jpeg_quality: int) -> Tuple[bytes, int, int]:
     return jpeg, int(image.shape[0]), int(image.shape[1])
 
 
+def _check_no_other_shards(config: WriterConfig, names: List[str]):
+    """Shards of an earlier run with another shard count would be read too
+    (`NAME-*`): a silent duplicate of the data."""
+    pattern = os.path.join(config.output_dir, f"{config.name}-*-of-*")
+    other = sorted(set(tf.io.gfile.glob(pattern)) - set(names))
+    if other:
+        raise ImageFolderError(
+            f"--output_dir {config.output_dir} already holds {other[0]} "
+            f"({len(other)} files not from this --num_shards={len(names)}); "
+            "remove them or choose another --name")
+
+
 def write_records(config: WriterConfig) -> List[str]:
     """Writes the shards and labels.txt; returns the shard file names."""
-    found, classes = find_images(config.image_dir, config.labels_file)
+    found, classes = find_images(config.image_dir, config.labels_file,
+                                 config.image_labels_file)
     metadata = read_metadata(config.metadata_file)
     boxes = read_boxes(config.bounding_box_file)
     random.Random(config.seed).shuffle(found)
@@ -157,17 +219,33 @@ def write_records(config: WriterConfig) -> List[str]:
     names = [os.path.join(config.output_dir,
                           f"{config.name}-{i:05d}-of-{shards:05d}")
              for i in range(shards)]
+    _check_no_other_shards(config, names)
+    labels_txt = os.path.join(config.output_dir, "labels.txt")
+    if (tf.io.gfile.exists(labels_txt)
+            and read_lines(labels_txt) != list(classes)):
+        raise ImageFolderError(
+            f"{labels_txt} numbers other classes than these images would "
+            f"get; pass --labels_file={labels_txt} to number them the same "
+            "way, or choose another --output_dir")
 
     def write_shard(i):
-        with tf.io.TFRecordWriter(names[i]) as writer:
-            for path, index in found[i::shards]:
-                jpeg, height, width = encode(path, config.jpeg_quality)
-                synset = classes[index]
-                file = os.path.basename(path)
-                writer.write(images.serialize_example(
-                    jpeg, index + config.label_offset, height, width,
-                    synset=synset, text=metadata.get(synset, ""),
-                    filename=file, boxes=boxes.get(file, ())))
+        # Hidden until complete, so that `NAME-*` never reads half a shard.
+        partial = os.path.join(config.output_dir,
+                               f".{os.path.basename(names[i])}.incomplete")
+        try:
+            with tf.io.TFRecordWriter(partial) as writer:
+                for path, index in found[i::shards]:
+                    jpeg, height, width = encode(path, config.jpeg_quality)
+                    synset = classes[index]
+                    file = os.path.basename(path)
+                    writer.write(images.serialize_example(
+                        jpeg, index + config.label_offset, height, width,
+                        synset=synset, text=metadata.get(synset, ""),
+                        filename=file, boxes=boxes.get(file, ())))
+        except BaseException:
+            tf.io.gfile.remove(partial)
+            raise
+        tf.io.gfile.rename(partial, names[i], overwrite=True)
 
     with concurrent.futures.ThreadPoolExecutor(config.num_threads) as pool:
         for future in [pool.submit(write_shard, i) for i in range(shards)]:

@@ -1,6 +1,7 @@
 """ImageNet-format records: the writer, the decode-and-crop pipeline, bad
 JPEGs, and ResNet-50 training on 2 real workers."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -93,6 +94,69 @@ def test_writer_labels_file_and_errors(folder, tmp_path):
     with pytest.raises(image_folder.ImageFolderError,
                        match=f"{bad}: not a readable image"):
         image_folder.encode(str(bad), 95)
+
+
+def test_writer_reads_a_flat_folder_with_one_label_per_image(folder, records,
+                                                            tmp_path):
+    """ImageNet's validation layout: ILSVRC2012_val_*.JPEG in one folder and
+    a file naming each image's class in the sorted order of the names."""
+    labels_txt = os.path.join(os.path.dirname(records[0]), "labels.txt")
+    flat, truth, lines = tmp_path / "val", {}, []
+    flat.mkdir()
+    originals = sorted((synset, name) for synset in os.listdir(folder)
+                       for name in os.listdir(os.path.join(folder, synset))
+                       if name.endswith(".jpg"))
+    order = np.random.default_rng(5).permutation(len(originals))
+    for number, i in enumerate(order, 1):
+        synset, name = originals[i]
+        file = f"val_{number:08d}.jpg"
+        with open(os.path.join(folder, synset, name), "rb") as f:
+            (flat / file).write_bytes(f.read())
+        truth[file] = synset
+        lines.append(synset)
+    (tmp_path / "val_labels.txt").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "records"
+    config = image_folder.WriterConfig(
+        image_dir=str(flat), output_dir=str(out), name="validation",
+        num_shards=2, labels_file=labels_txt,
+        image_labels_file=str(tmp_path / "val_labels.txt"))
+    files = image_folder.write_records(config)
+    with open(labels_txt) as f:
+        classes = f.read().split()
+    got = {feature(ex, "image/filename")[0].decode():
+           (feature(ex, "image/class/label")[0],
+            feature(ex, "image/class/synset")[0].decode())
+           for _, ex in read_examples(files)}
+    assert got == {file: (classes.index(synset) + 1, synset)
+                   for file, synset in truth.items()}
+    assert sorted(os.listdir(out)) == sorted(
+        [os.path.basename(f) for f in files] + ["labels.txt"])  # no leftovers
+
+    def fails(match, **changes):
+        with pytest.raises(image_folder.ImageFolderError, match=match):
+            image_folder.write_records(dataclasses.replace(config, **changes))
+
+    (tmp_path / "short.txt").write_text("\n".join(lines[:-1]))
+    fails(f"short.txt: {len(lines) - 1} lines for {len(lines)} images in "
+          "--image_dir", image_labels_file=str(tmp_path / "short.txt"))
+    (tmp_path / "typo.txt").write_text("\n".join(lines[:2] + ["class_00x"]
+                                                  + lines[3:]))
+    fails("typo.txt: line 3: class 'class_00x' is not in --labels_file",
+          image_labels_file=str(tmp_path / "typo.txt"))
+    # Shards of another --num_shards would be read by `validation-*` too.
+    fails("already holds .*validation-00000-of-00002", num_shards=3)
+    # labels.txt beside them numbers the classes: no silent renumbering.
+    (tmp_path / "two.txt").write_text("class_002\nclass_001\nclass_000\n")
+    fails("labels.txt numbers other classes",
+          labels_file=str(tmp_path / "two.txt"))
+    # An unreadable image: named, and no half-written shard left behind.
+    (flat / "val_00000002.jpg").write_bytes(b"\xff\xd8\xff")
+    bad = dataclasses.replace(config, output_dir=str(tmp_path / "bad"))
+    with pytest.raises(image_folder.ImageFolderError,
+                       match="val_00000002.jpg: not a readable image"):
+        image_folder.write_records(bad)
+    assert not [f for f in os.listdir(tmp_path / "bad")
+                if "incomplete" in f]
 
 
 def context(num, index):
