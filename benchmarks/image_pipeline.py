@@ -44,6 +44,8 @@ STDDEV_RGB = (58.395, 57.12, 57.375)
 # variant -> (what it changes, keyword arguments of `tfscale_pipeline`)
 VARIANTS = {
     "tfscale": ("as shipped: AUTOTUNE map, uint8 out", {}),
+    "autotune_off": ("tf.data's autotune model off (AUTOTUNE map = the "
+                     "cores)", dict(options=dict(autotune=False))),
     "map_parallel_2": ("num_parallel_calls = 2 (the cores) instead of "
                        "AUTOTUNE", dict(num_parallel_calls=2)),
     "map_sequential": ("num_parallel_calls = None, tf.data's "
@@ -80,8 +82,11 @@ def make_records(output_dir: str, num_classes: int, per_class: int) -> str:
 
 
 def _options(no_defaults=False, map_and_batch_fusion=None, threadpool=None,
-             intra_op=None, map_parallelization=None) -> tf.data.Options:
+             intra_op=None, map_parallelization=None,
+             autotune=None) -> tf.data.Options:
     options = tf.data.Options()
+    if autotune is not None:
+        options.autotune.enabled = autotune
     if map_parallelization is not None:
         # On by default: tf.data runs a "sequential" stateless map in
         # parallel anyway.

@@ -1,6 +1,8 @@
 """The Trainer in one process, under MirroredStrategy on two logical CPUs."""
 
 import csv
+import threading
+import weakref
 import os
 
 import keras
@@ -278,3 +280,48 @@ def test_batch_must_divide_into_replicas_and_micro_batches():
         make_trainer(mirrored(TWO_CPUS),
                      TrainConfig(global_batch_size=30,
                                  num_accumulation_steps=4))
+
+
+def test_fit_and_evaluate_delete_their_iterators_off_the_main_thread(
+        tmp_path, monkeypatch):
+    # Deleting a tf.data iterator can block for up to a minute in TF 2.21
+    # (see input_feed.py); the Trainer must leave no reference behind (a
+    # checkpoint, a cycle) so the background thread does the deletion.
+    from tfscale import input_feed
+    freed = []
+    original_init = input_feed.InputFeed.__init__
+    original_iter = iter
+
+    def watch(iterator):
+        weakref.finalize(iterator, lambda: freed.append(
+            threading.current_thread().name))
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        watch(self.iterator)
+
+    monkeypatch.setattr(input_feed.InputFeed, "__init__", init)
+    x, y = data(n=64)
+    trainer = make_trainer(mirrored(TWO_CPUS), TrainConfig(
+        global_batch_size=16, checkpoint_dir=str(tmp_path), verbose=0))
+    strategy = trainer.strategy
+    original_distribute = strategy.distribute_datasets_from_function
+
+    def distribute(*args, **kwargs):
+        dataset = original_distribute(*args, **kwargs)
+
+        class Watched:
+            def __iter__(self):
+                iterator = original_iter(dataset)
+                watch(iterator)
+                return iterator
+        return Watched()
+
+    monkeypatch.setattr(strategy, "distribute_datasets_from_function",
+                        distribute)
+    trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=2, epochs=1,
+                validation_data=dataset_fn_for(trainer, x, y, repeat=False))
+    for thread in threading.enumerate():
+        if thread.name == "tfscale-delete-iterator":
+            thread.join(60)
+    assert freed == ["tfscale-delete-iterator"] * 2

@@ -254,7 +254,7 @@ class CheckpointKeeper:
             max_to_keep=self._max_to_keep)
 
     def untrack_input(self) -> None:
-        """Drops the iterator (and its background threads) after `fit`."""
+        """Forgets the iterator after `fit` (the feed then deletes it)."""
         self._input_checkpoint = None
         self._input_manager = None
 

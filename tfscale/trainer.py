@@ -28,7 +28,8 @@ from tfscale import checkpointing
 from tfscale import collectives as collectives_lib
 from tfscale import fit_inputs
 from tfscale import precision as precision_lib
-from tfscale.input_feed import InputFeed, InputPipelineError
+from tfscale.input_feed import (InputFeed, InputPipelineError,
+                                 delete_in_background)
 from tfscale.preemption import Preempted, SignalWatch
 from tfscale.step import EvalStep, StepConfig, TrainStep
 from tfscale.timing import StepTimer
@@ -258,6 +259,10 @@ class Trainer:
             validation_fn = self._evaluation_fn(validation_data)
         verbose = (self.config.verbose if verbose in (None, "auto")
                    else int(verbose))
+        feed = InputFeed(self.strategy, dataset_fn,
+                         num_replicas=self.collectives.num_replicas,
+                         num_workers=self.num_workers,
+                         worker_index=self.worker_index)
         worker_dir = None if self.is_chief else tempfile.mkdtemp(
             prefix="tfscale-worker-")
         callbacks = list(callbacks)
@@ -272,7 +277,7 @@ class Trainer:
         watch = SignalWatch().__enter__()
         self._verbose = verbose
         try:
-            return self._fit(dataset_fn, callbacks, callback_list, worker_dir,
+            return self._fit(feed, callbacks, callback_list, worker_dir,
                              watch, steps_per_epoch, epochs, validation_fn,
                              validation_steps, initial_epoch)
         finally:
@@ -281,6 +286,7 @@ class Trainer:
             if self._keeper:
                 self._keeper.untrack_input()
                 self._keeper.close()
+            feed.close()
             if worker_dir:
                 shutil.rmtree(worker_dir, ignore_errors=True)
 
@@ -295,16 +301,12 @@ class Trainer:
             batch_size=batch_size or self.config.global_batch_size,
             per_replica_batch_size=self.per_replica_batch_size)
 
-    def _fit(self, dataset_fn, callbacks, callback_list, worker_dir, watch,
+    def _fit(self, feed, callbacks, callback_list, worker_dir, watch,
              steps_per_epoch, epochs, validation_fn, validation_steps,
              initial_epoch):
         self.model.stop_training = False
         self.timer.reset()
         self._interval_loss, self._interval_steps = 0.0, 0
-        feed = InputFeed(self.strategy, dataset_fn,
-                         num_replicas=self.collectives.num_replicas,
-                         num_workers=self.num_workers,
-                         worker_index=self.worker_index)
         # A fresh start begins from the chief's weights (MPI; a strategy
         # synchronized them when it created them); a checkpoint, read by
         # every worker, overrides them.
@@ -369,32 +371,36 @@ class Trainer:
         if self.collectives.num_replicas > self.strategy.num_replicas_in_sync:
             # One replica per process (MPI): this process's shard; the
             # others may have more batches (run_empty matches them).
-            feed = InputFeed(self.strategy, dataset_fn,
-                             num_replicas=self.collectives.num_replicas,
-                             num_workers=self.num_workers,
-                             worker_index=self.worker_index)
-            iterator = feed.iterator
+            iterator = InputFeed(self.strategy, dataset_fn,
+                                 num_replicas=self.collectives.num_replicas,
+                                 num_workers=self.num_workers,
+                                 worker_index=self.worker_index).iterator
         else:
             # The distributed iterator pads and agrees on the end.
             iterator = iter(self.strategy.distribute_datasets_from_function(
                 dataset_fn))
         loss_sum = count = 0.0
         batches = 0
-        while steps is None or batches < steps:
-            try:
-                optional = iterator.get_next_as_optional()
-                has_value = bool(optional.has_value())
-            except tf.errors.OpError as e:
-                raise InputPipelineError(
-                    e.message.strip().splitlines()[0]) from e
-            totals = (self._eval_step.run(optional.get_value()) if has_value
-                      else self._eval_step.run_empty())
-            total, n, had_batch = self._local(totals).numpy()
-            if not had_batch:
-                break
-            loss_sum += float(total)
-            count += float(n)
-            batches += 1
+        try:
+            while steps is None or batches < steps:
+                try:
+                    optional = iterator.get_next_as_optional()
+                    has_value = bool(optional.has_value())
+                except tf.errors.OpError as e:
+                    raise InputPipelineError(
+                        e.message.strip().splitlines()[0]) from e
+                totals = (self._eval_step.run(optional.get_value())
+                          if has_value else self._eval_step.run_empty())
+                total, n, had_batch = self._local(totals).numpy()
+                if not had_batch:
+                    break
+                loss_sum += float(total)
+                count += float(n)
+                batches += 1
+        finally:
+            holder = [iterator]
+            del iterator
+            delete_in_background(holder)
         logs = {"loss": loss_sum / max(count, 1.0)}
         logs.update(self._metric_logs())
         return logs
