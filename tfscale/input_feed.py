@@ -14,15 +14,15 @@ Local replicas take consecutive elements, as with
 `distribute_datasets_from_function`. Batches are not prefetched to GPU
 memory: the copy happens at the start of the step.
 
-Finished iterators are deleted on a daemon thread (`delete_in_background`):
-in TF 2.21, deleting a `tf.data` iterator with autotune on sometimes blocks
-the deleting thread until the autotune model thread's next wake-up, up to a
-minute (measured: 2 workers under CPU load, 5 of 7 runs blocked 40 s in
-`DeleteIterator`; with autotune off, 0 of 13). A worker blocked there holds
-every other worker in the next collective; off the main thread it holds no
-one. The thread is not a daemon: Python waits for it at exit (a daemon
-thread still inside TensorFlow at exit aborts the process, measured 2 of 11
-runs).
+Finished iterators are deleted on a background thread
+(`delete_in_background`): in TF 2.21, deleting a `tf.data` iterator with
+autotune on sometimes blocks the deleting thread for up to about a minute
+(`python -m benchmarks.iterator_deletion`: 2 workers under CPU load, 5 of 6
+runs blocked about 40 s in `DeleteIterator`; with autotune off, 0 of 6). A
+worker blocked there holds every other worker in the next collective; off
+the main thread it holds no one. The thread is not a daemon: Python waits
+for it at exit (a daemon thread still inside TensorFlow at exit aborted the
+process in 2 of 11 runs).
 """
 
 import threading
