@@ -1,9 +1,20 @@
 """What every entry point does at its edge, before TensorFlow loads."""
 
+import glob
 import logging
 import os
 import sys
+import tempfile
+import traceback
 from typing import Callable
+
+# Lines TensorFlow prints while it loads and looks for GPUs. On a host with
+# no NVIDIA device they say nothing ("failed call to cuInit: ... CUDA error"
+# reads as a failure), so a quiet run drops them there.
+CPU_HOST_NOISE = ("cuInit", "cudart_stub.cc", "cpu_feature_guard.cc",
+                  "To enable the following instructions",
+                  "All log messages before absl::InitializeLog",
+                  "Unable to register cu", "computation_placer.cc")
 
 
 class _NoTensorFlowInfo(logging.Filter):
@@ -25,18 +36,84 @@ def quiet_tensorflow(verbosity: int):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # before TF's import
     for name in ("tensorflow", "absl"):
         logging.getLogger(name).addFilter(_NoTensorFlowInfo())
+    if not _has_nvidia_device():
+        _load_tensorflow_without_gpu_noise()
+
+
+def _has_nvidia_device() -> bool:
+    return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/dxg"))
+
+
+def _load_tensorflow_without_gpu_noise() -> None:
+    """Imports TensorFlow and lets it probe for GPUs with file descriptor 2
+    captured, then passes on every captured line but the CPU-host noise.
+    (TensorFlow's C++ logging writes there directly, before Python's logging
+    or TF_CPP_MIN_LOG_LEVEL apply.)"""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow as tf
+            tf.config.list_physical_devices()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode(errors="replace").splitlines(True)
+            kept = [line for line in lines
+                    if not any(noise in line for noise in CPU_HOST_NOISE)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def run_job(program: str, job: Callable, config) -> None:
-    """Runs `job(config)` on this worker: a `JobError` becomes one line on
-    stderr and exit 1; preemption prints a line and exits 143 after the
-    checkpoint (launchers and schedulers restart the job)."""
+    """Runs `job(config)` on this worker, then leaves the process (`leave`):
+    exit 0; a `JobError` becomes one line on stderr and exit 1; preemption
+    prints a line and exits 143 after the checkpoint (launchers and
+    schedulers restart the job); any other error, its traceback and exit 1.
+    """
     from tfscale.jobs import JobError
     from tfscale.preemption import Preempted
     try:
         job(config)
     except JobError as e:
-        sys.exit(f"{program}: error: {e}")
+        print(f"{program}: error: {e}", file=sys.stderr)
+        leave(1)
     except Preempted as e:
-        print(f"{program}: {e}", file=sys.stderr, flush=True)
-        raise
+        print(f"{program}: {e}", file=sys.stderr)
+        leave(e.code)
+    except Exception:  # noqa: BLE001 - reported, then the same fast exit
+        traceback.print_exc()
+        leave(1)
+    leave(0)
+
+
+def leave(code: int) -> None:
+    """Exits once everything written is flushed and closed, without
+    tearing TensorFlow down.
+
+    Python's normal exit joins every non-daemon thread and runs TensorFlow's
+    destructors; in TF 2.21 a finished tf.data iterator's deletion can block
+    there for up to a minute (its autotune thread; `python -m
+    benchmarks.iterator_deletion`), and one worker's run of 5 sat 21 s after
+    its last line, past Kubernetes' 30 s grace after SIGTERM. By the time a
+    job returns, its checkpoints, summaries and result files are written and
+    closed (the Trainer's saves are synchronous, Keras's TensorBoard and
+    CSVLogger close on train end, result files are written in `with`
+    blocks), so the process flushes Python's streams and logging, finalizes
+    MPI when it was used (mpirun reports a rank that skips it as failed) and
+    leaves with `os._exit`.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    os._exit(code)

@@ -186,9 +186,11 @@ def shard_names(output_file: str, num_shards: int) -> list:
 
 
 def write_shards(instances, output_file, num_shards, spec, threads=4) -> list:
-    """Round-robin instances into shards, writing shards in parallel."""
+    """Round-robin instances into shards, writing shards in parallel; each
+    shard's record index (the global order's) is written beside it."""
     import tensorflow as tf
     from input_pipelines.bert_records import serialize_instance
+    from input_pipelines.record_order import index as record_index
     names = shard_names(output_file, num_shards)
     os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
 
@@ -198,6 +200,8 @@ def write_shards(instances, output_file, num_shards, spec, threads=4) -> list:
                 writer.write(serialize_instance(
                     inst.tokens, inst.segment_ids, inst.masked_lm_positions,
                     inst.masked_lm_ids, inst.is_random_next, spec))
+        if "://" not in names[shard]:
+            record_index.write(names[shard])
         return len(instances[shard::num_shards])
 
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:

@@ -177,15 +177,14 @@ def find_bad_record(files, spec: BertRecordSpec,
 def make_dataset_fn(records: tfrecord.TFRecordConfig, spec: BertRecordSpec,
                     per_replica_batch_size: int,
                     limits: Optional[IdLimits] = None) -> Callable:
-    """`fn(InputContext) -> dataset` of per-replica BERT batches."""
+    """`fn(InputContext) -> dataset` of per-replica BERT batches
+    (`tfrecord.DatasetFn`; in the global order it can start anywhere)."""
     parse = make_parse_fn(spec, limits)
-    # Fail now, on the host, naming the pattern, rather than inside tf.data.
-    tfrecord.expand_files(records.input_files)
 
-    def dataset_fn(input_context=None):
+    def build(input_context, start_position):
         return tfrecord.make_dataset(records, per_replica_batch_size, parse,
-                                     input_context)
-    return dataset_fn
+                                     input_context, start_position)
+    return tfrecord.make_dataset_fn(records, build)
 
 
 def serialize_instance(input_ids, segment_ids, masked_lm_positions,

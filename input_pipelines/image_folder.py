@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from input_pipelines import images
+from input_pipelines.record_order import index as record_index
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 
@@ -246,6 +247,8 @@ def write_records(config: WriterConfig) -> List[str]:
             tf.io.gfile.remove(partial)
             raise
         tf.io.gfile.rename(partial, names[i], overwrite=True)
+        if "://" not in names[i]:
+            record_index.write(names[i])  # the global order's offsets
 
     with concurrent.futures.ThreadPoolExecutor(config.num_threads) as pool:
         for future in [pool.submit(write_shard, i) for i in range(shards)]:

@@ -19,9 +19,11 @@ model standardizes them in its first layer (`benchmark_models.Standardize`):
 a quarter of the bytes of float32 through batching, prefetch and the copy to
 the accelerator (benchmarks/README.md, "Image pipeline").
 
-Augmentation draws stateless seeds from (seed, worker, record's position in
-this worker's stream): every epoch crops differently, the same seed gives
-the same crops, and a restored input iterator continues exactly.
+Augmentation draws stateless seeds from (seed, the record's global
+position) in the global order, so a record is cropped the same way on any
+worker count; in the sharded order from (seed, worker, position in this
+worker's stream). Either way every epoch crops differently, the same seed
+gives the same crops, and a resumed pipeline continues exactly.
 """
 
 import dataclasses
@@ -217,18 +219,22 @@ def checked_label(label, spec: ImageSpec) -> tf.Tensor:
 
 
 def make_example_fn(spec: ImageSpec, training: bool,
-                    seed: Optional[int] = None, stream: int = 0) -> Callable:
+                    seed: Optional[int] = None,
+                    stream: Optional[int] = None) -> Callable:
     """`fn(index, serialized) -> (image, label)` for one input pipeline.
 
     Args:
         spec: Output and augmentation.
         training: Random crop and flip (else the central crop).
         seed: Seed of the augmentation; None: a random one.
-        stream: This pipeline's index, so workers crop differently.
+        stream: None when `index` is a global position (the global order:
+            the same crops on any worker count); else this pipeline's index,
+            so that workers crop differently.
     """
     if seed is None:
         seed = random.SystemRandom().getrandbits(31)
-    base = tf.constant(seed * 1_000_003 + stream, tf.int64)
+    base = tf.constant(seed if stream is None else seed * 1_000_003 + stream,
+                       tf.int64)
 
     def example_fn(index, serialized):
         encoded, label, boxes = parse_record(serialized)
@@ -243,15 +249,20 @@ def make_example_fn(spec: ImageSpec, training: bool,
 def make_dataset(records: tfrecord.TFRecordConfig, spec: ImageSpec,
                  batch_size: int,
                  input_context: Optional[tf.distribute.InputContext] = None,
-                 num_parallel_calls: Optional[int] = tfrecord.AUTOTUNE
-                 ) -> tf.data.Dataset:
+                 num_parallel_calls: Optional[int] = tfrecord.AUTOTUNE,
+                 start_position: int = 0) -> tf.data.Dataset:
     """Batches of (image [B, S, S, 3], class index [B]) of one pipeline."""
     stream = input_context.input_pipeline_id if input_context else 0
-    example_fn = make_example_fn(spec, records.training, records.seed, stream)
+    seed = records.seed
+    if tfrecord.uses_global_order(records):
+        stream = None
+        seed = tfrecord.DEFAULT_ORDER_SEED if seed is None else seed
+    example_fn = make_example_fn(spec, records.training, seed, stream)
     return tfrecord.make_example_dataset(
         records, batch_size, example_fn, input_context,
         num_parallel_calls=num_parallel_calls,
-        on_skipped=_report_skipped(stream))
+        on_skipped=_report_skipped(stream or 0),
+        start_position=start_position)
 
 
 def _report_skipped(stream: int) -> Callable:
@@ -264,13 +275,12 @@ def _report_skipped(stream: int) -> Callable:
 
 def make_dataset_fn(records: tfrecord.TFRecordConfig, spec: ImageSpec,
                     per_replica_batch_size: int) -> Callable:
-    """`fn(InputContext) -> dataset` of per-replica image batches."""
-    tfrecord.expand_files(records.input_files)  # fail now, naming the pattern
-
-    def dataset_fn(input_context=None):
+    """`fn(InputContext) -> dataset` of per-replica image batches
+    (`tfrecord.DatasetFn`; in the global order it can start anywhere)."""
+    def build(input_context, start_position):
         return make_dataset(records, spec, per_replica_batch_size,
-                            input_context)
-    return dataset_fn
+                            input_context, start_position=start_position)
+    return tfrecord.make_dataset_fn(records, build)
 
 
 # ---- diagnosis ------------------------------------------------------------------

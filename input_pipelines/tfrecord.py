@@ -29,19 +29,44 @@ results are batched (what tf.data fuses into map-and-batch); records are
 shuffled one by one, and each carries its position in the stream, from
 which augmentations draw stateless seeds (see images.py).
 
-Sharding happens here, not in tf.distribute: by file when there are at least
-as many files as input pipelines (each worker opens only its files), by record
-otherwise (every worker reads everything and keeps every N-th record, with a
-deterministic interleave so that the N slices are disjoint and complete).
+Training reads records in one of two orders (`TFRecordConfig.order`):
+
+  * "global" (default): one seeded permutation of all records per epoch,
+    the same whatever the number of workers (`record_order/`). Global batch
+    s holds positions [s*B, (s+1)*B) of it; each worker reads only its part
+    of each one, by record number, through the files' offset indexes
+    (`record_order/index.py`, built by the writers or on first use). A
+    pipeline can start at any global position (`DatasetFn.at`): a resume,
+    on any worker count, continues the same order in O(1).
+  * "sharded": files dealt out per worker, interleaved, a shuffle buffer per
+    worker (the order depends on the worker count). For compressed records
+    or files not on a local file system (no random access), and the
+    fallback for them. Sharding by file when there are at least as many
+    files as input pipelines (each worker opens only its files), by record
+    otherwise (every worker reads everything and keeps every N-th record,
+    with a deterministic interleave so that the N slices are disjoint and
+    complete). Evaluation always reads this way (no shuffle, every record
+    once across workers).
 """
 
 import dataclasses
+import os
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 import tensorflow as tf
 from absl import logging
 
+from input_pipelines.record_order import index as record_index
+from input_pipelines.record_order import partition
+from input_pipelines.record_order.reader import RecordReader, split_offsets
+
 AUTOTUNE = tf.data.AUTOTUNE
+ORDERS = ("global", "sharded")
+# Seed of the global order when the config gives none: every worker must
+# compute the same permutation.
+DEFAULT_ORDER_SEED = 0
+# Records per read in the image pipeline (JPEGs: ~100 KB each).
+EXAMPLE_READ_RECORDS = 64
 
 
 class InputError(ValueError):
@@ -73,6 +98,9 @@ class TFRecordConfig:
         compression_type: None, "GZIP" or "ZLIB".
         threadpool_size: tf.data private threadpool size (None: default).
         autotune_ram_budget: Bytes tf.data's autotuner may use (None: default).
+        order: Training order: "global" (the same records in every global
+            batch on any worker count; exact resume on any count) or
+            "sharded" (files dealt out per worker). See the module doc.
     """
 
     input_files: Union[str, Sequence[str]]
@@ -89,8 +117,12 @@ class TFRecordConfig:
     compression_type: Optional[str] = None
     threadpool_size: Optional[int] = None
     autotune_ram_budget: Optional[int] = None
+    order: str = "global"
 
     def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got "
+                             f"{self.order!r}")
         for name in ("cycle_length", "block_length", "parse_chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -124,6 +156,12 @@ def expand_files(input_files: Union[str, Sequence[str]]) -> list:
         matched = tf.io.gfile.glob(pattern)
         if not matched:
             raise InputError(f"no files match input pattern {pattern!r}")
+        # Hidden names are never records: the record indexes
+        # (.tfscale-index/) and half-written shards live there.
+        matched = [name for name in matched
+                   if not os.path.basename(name.rstrip("/")).startswith(".")]
+        if not matched:
+            raise InputError(f"no files match input pattern {pattern!r}")
         for name in matched:
             if tf.io.gfile.isdir(name):
                 raise InputError(
@@ -154,8 +192,8 @@ def make_parse_fn(feature_spec: Mapping[str, tf.io.FixedLenFeature],
 
 
 def make_dataset(config: TFRecordConfig, batch_size: int, parse_fn: Callable,
-                 input_context: Optional[tf.distribute.InputContext] = None
-                 ) -> tf.data.Dataset:
+                 input_context: Optional[tf.distribute.InputContext] = None,
+                 start_position: int = 0) -> tf.data.Dataset:
     """Builds the pipeline of one input pipeline (one worker): records are
     batched, then parsed a chunk at a time (cheap per-record work: BERT).
 
@@ -165,27 +203,36 @@ def make_dataset(config: TFRecordConfig, batch_size: int, parse_fn: Callable,
             `distribute_datasets_from_function`).
         parse_fn: `fn(serialized batch) -> features`, from `make_parse_fn`.
         input_context: This pipeline's place among all of them; None: one.
+        start_position: Global order: the first global record position to
+            read (a resumed run's); ignored by the sharded order.
 
     Returns:
         A `tf.data.Dataset` of parsed batches.
 
     Raises:
-        InputError: The input files are missing.
+        InputError: The input files are missing or do not index.
     """
-    ds, deterministic = _records(config, input_context)
     chunk = batch_size * max(1, -(-config.parse_chunk_size // batch_size))
-    if config.training:
-        # Shuffle blocks of `block_length` records (what the interleave hands
-        # out from one file anyway), then rebatch: a record-level shuffle
-        # costs about 30% of the throughput on 2 cores, this about nothing.
-        ds = ds.batch(config.block_length)
-        if config.shuffle_buffer_size > 0:
-            ds = ds.shuffle(
-                max(1, config.shuffle_buffer_size // config.block_length),
-                seed=config.seed, reshuffle_each_iteration=True)
-        ds = ds.repeat().rebatch(chunk, drop_remainder=True)
+    if uses_global_order(config):
+        ds = _global_chunks(config, input_context, batch_size,
+                            start_position, chunk)
+        deterministic = True  # the order is the point
+        ds = ds.map(lambda positions, records: records)
     else:
-        ds = ds.batch(chunk)
+        ds, deterministic = _records(config, input_context)
+        if config.training:
+            # Shuffle blocks of `block_length` records (what the interleave
+            # hands out from one file anyway), then rebatch: a record-level
+            # shuffle costs about 30% of the throughput on 2 cores, this
+            # about nothing.
+            ds = ds.batch(config.block_length)
+            if config.shuffle_buffer_size > 0:
+                ds = ds.shuffle(
+                    max(1, config.shuffle_buffer_size // config.block_length),
+                    seed=config.seed, reshuffle_each_iteration=True)
+            ds = ds.repeat().rebatch(chunk, drop_remainder=True)
+        else:
+            ds = ds.batch(chunk)
     ds = ds.map(parse_fn, num_parallel_calls=AUTOTUNE,
                 deterministic=deterministic)
     if config.skip_corrupt:
@@ -200,15 +247,17 @@ def make_example_dataset(config: TFRecordConfig, batch_size: int,
                          example_fn: Callable,
                          input_context: Optional[tf.distribute.InputContext]
                          = None, num_parallel_calls: Optional[int] = AUTOTUNE,
-                         on_skipped: Optional[Callable] = None
-                         ) -> tf.data.Dataset:
+                         on_skipped: Optional[Callable] = None,
+                         start_position: int = 0) -> tf.data.Dataset:
     """Builds one input pipeline whose per-record work is heavy (images):
     records are shuffled, then each is mapped in parallel, then batched.
 
-    `example_fn(index, serialized)` gets the record's position in this
-    pipeline's output stream (0, 1, 2, ... across epochs), from which random
-    augmentations draw stateless seeds: every epoch differs, a seed fixes
-    them all, and a restored iterator continues exactly.
+    `example_fn(index, serialized)` gets the record's position: in the
+    global order, its global position (the same record at the same position
+    on any worker count); in the sharded order, its position in this
+    pipeline's output stream (0, 1, 2, ... across epochs). Random
+    augmentations draw stateless seeds from it: every epoch differs, a seed
+    fixes them all, and a resumed pipeline continues exactly.
 
     Args:
         config: What to read and how.
@@ -219,21 +268,28 @@ def make_example_dataset(config: TFRecordConfig, batch_size: int,
         on_skipped: With `config.skip_corrupt`, `fn(count)` -> an op run
             each time a record is skipped, given the running count (e.g. a
             `tf.print`). Records are then mapped in order (to count).
+        start_position: As in `make_dataset`.
 
     Returns:
         A `tf.data.Dataset` of batches.
 
     Raises:
-        InputError: The input files are missing.
+        InputError: The input files are missing or do not index.
     """
-    ds, deterministic = _records(config, input_context)
-    if config.training:
-        if config.shuffle_buffer_size > 0:
-            ds = ds.shuffle(config.shuffle_buffer_size, seed=config.seed,
-                            reshuffle_each_iteration=True)
-        ds = ds.repeat()
-    ds = ds.enumerate()
     counting = config.skip_corrupt and on_skipped is not None
+    if uses_global_order(config):
+        ds = _global_chunks(config, input_context, batch_size, start_position,
+                            EXAMPLE_READ_RECORDS).unbatch()
+        deterministic = True
+        counting = False  # positions are not consecutive: no gaps to count
+    else:
+        ds, deterministic = _records(config, input_context)
+        if config.training:
+            if config.shuffle_buffer_size > 0:
+                ds = ds.shuffle(config.shuffle_buffer_size, seed=config.seed,
+                                reshuffle_each_iteration=True)
+            ds = ds.repeat()
+        ds = ds.enumerate()
     ds = ds.map(lambda index, record: (index, example_fn(index, record)),
                 num_parallel_calls=num_parallel_calls,
                 deterministic=deterministic or counting)
@@ -249,6 +305,129 @@ def make_example_dataset(config: TFRecordConfig, batch_size: int,
     ds = ds.prefetch(AUTOTUNE)
     return ds.with_options(dataset_options(
         deterministic, config.threadpool_size, config.autotune_ram_budget))
+
+
+class DatasetFn:
+    """`fn(InputContext) -> tf.data.Dataset` of per-replica batches.
+
+    Args:
+        build: `fn(input_context, start_position) -> tf.data.Dataset`.
+        start_position: Where the pipelines start (global order).
+    """
+
+    def __init__(self, build: Callable, start_position: int = 0):
+        self._build = build
+        self.start_position = int(start_position)
+
+    def __call__(self, input_context=None) -> tf.data.Dataset:
+        return self._build(input_context, self.start_position)
+
+
+class PositionedDatasetFn(DatasetFn):
+    """A `DatasetFn` in the global order, with `at(position)`: the same
+    pipelines from a global record position on. The Trainer calls it with
+    the position its checkpoint holds, so a resumed run, on any worker
+    count, continues the uninterrupted run's order (`tfscale.trainer`)."""
+
+    def at(self, position: int) -> "PositionedDatasetFn":
+        return PositionedDatasetFn(self._build, position)
+
+
+def make_dataset_fn(config: TFRecordConfig, build: Callable) -> DatasetFn:
+    """`build(input_context, start_position)` as a dataset_fn: positioned in
+    the global order. Fails now, on the host, naming a pattern that matches
+    nothing, rather than inside tf.data."""
+    expand_files(config.input_files)
+    if uses_global_order(config):
+        return PositionedDatasetFn(build)
+    return DatasetFn(build)
+
+
+def uses_global_order(config: TFRecordConfig) -> bool:
+    """Training in the global order; False (with a warning) for records it
+    cannot read by number (compressed, or not on a local file system)."""
+    if not config.training or config.order != "global":
+        return False
+    if config.compression_type:
+        logging.warning("tfscale: %s records cannot be read by record number:"
+                        " reading them in the sharded order (it depends on "
+                        "the worker count)", config.compression_type)
+        return False
+    files = expand_files(config.input_files)
+    remote = [f for f in files if "://" in f]
+    if remote:
+        logging.warning("tfscale: %s is not on a local file system: reading "
+                        "the sharded order (it depends on the worker count)",
+                        remote[0])
+        return False
+    return True
+
+
+def open_records(files: Sequence[str]) -> RecordReader:
+    """A reader of `files` by record number, indexing any file whose index
+    is missing or stale (and saying so, with the command that does it ahead
+    of time).
+
+    Raises:
+        InputError: A file's frames do not read (naming it), or no records.
+    """
+    def on_built(built, seconds):
+        logging.warning(
+            "tfscale: indexed %d record file(s) in %.1f s (%s%s); the "
+            "writers and `python -m input_pipelines.index_records` do this "
+            "ahead of time", len(built), seconds, built[0],
+            ", ..." if len(built) > 1 else "")
+    try:
+        offsets = record_index.load(files, on_built)
+    except (record_index.RecordIndexError, OSError) as e:
+        raise InputError(str(e)) from None
+    reader = RecordReader(files, offsets)
+    if reader.num_records == 0:
+        raise InputError(f"no records in {len(files)} file(s) "
+                         f"({files[0]}, ...)")
+    return reader
+
+
+def _global_chunks(config: TFRecordConfig,
+                   input_context: Optional[tf.distribute.InputContext],
+                   batch_size: int, start_position: int,
+                   chunk_records: int) -> tf.data.Dataset:
+    """Chunks of (global positions, serialized records) of this pipeline,
+    forever, in the global order; a chunk holds whole global micro-batches'
+    worth of this pipeline's records (>= `chunk_records`)."""
+    files = expand_files(config.input_files)
+    reader = open_records(files)
+    num = input_context.num_input_pipelines if input_context else 1
+    index = input_context.input_pipeline_id if input_context else 0
+    local_replicas = (input_context.num_replicas_in_sync // num
+                      if input_context else 1)
+    try:
+        share = partition.Slice(num, index, batch_size * local_replicas,
+                                int(start_position))
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    seed = DEFAULT_ORDER_SEED if config.seed is None else config.seed
+    micro_batches = max(1, -(-chunk_records // share.per_pipeline_batch))
+    logging.info("input pipeline %d/%d: global order of %d records in %d "
+                 "files (seed %d), from position %d", index, num,
+                 reader.num_records, len(files), seed, start_position)
+
+    def read(chunk):
+        positions = share.positions(int(chunk) * micro_batches, micro_batches)
+        blob, lengths = reader.read(partition.records_at(
+            positions, reader.num_records, seed))
+        begins, sizes = split_offsets(lengths)
+        return positions, blob, begins, sizes
+
+    def cut(chunk):
+        positions, blob, begins, sizes = tf.numpy_function(
+            read, [chunk], [tf.int64, tf.string, tf.int64, tf.int64],
+            stateful=False)
+        records = tf.strings.substr(blob, begins, sizes)
+        rows = micro_batches * share.per_pipeline_batch
+        return tf.ensure_shape(positions, [rows]), tf.ensure_shape(
+            records, [rows])
+    return tf.data.Dataset.counter().map(cut)
 
 
 def _count_gaps(on_skipped):

@@ -13,9 +13,12 @@ A training checkpoint is the whole run:
                  (Dropout's masks): Keras does not put them in the object
                  graph, and without them a resumed run replays step 0's masks;
     optimizer, step, loss_scale, metrics;
-    input        one file per worker: the state of its tf.data iterator
-                 (file offsets, shuffle buffers, prefetched batches), so a
-                 resume neither re-reads nor skips a record.
+    input_position  records the run has consumed: a positioned input (the
+                 global record order) resumes there, on any worker count;
+    input        for other inputs, one file per worker: the state of its
+                 tf.data iterator (file offsets, shuffle buffers, prefetched
+                 batches), so a resume on the same worker count neither
+                 re-reads nor skips a record.
 
 The chief writes the main checkpoint; every worker writes its own input
 state under `input/worker-<i>-of-<n>/` in the same (shared) directory. Each
@@ -242,7 +245,7 @@ class CheckpointKeeper:
         if path:
             check_restorable(self._checkpoint, path,
                              optional=("loss_scale", "metrics", "rng",
-                                       "model_extra"))
+                                       "model_extra", "input_position"))
             self._checkpoint.restore(path).expect_partial()
         return path
 
@@ -305,9 +308,11 @@ class CheckpointKeeper:
 
 
 def training_trackables(model, optimizer, step, *, loss_scale=None,
-                        metrics=()) -> dict:
+                        metrics=(), input_position=None) -> dict:
     """What a training checkpoint holds (see the module docstring)."""
     trackables = dict(model=model, optimizer=optimizer, step=step)
+    if input_position is not None:
+        trackables["input_position"] = input_position
     extra = unreachable_weights(model)
     if extra:
         names = ", ".join(v.path for v in extra[:3])

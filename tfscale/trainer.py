@@ -122,6 +122,11 @@ class Trainer:
         with tf.device("/cpu:0"):
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False,
                                     name="train_step")
+            # Records consumed by the run (global batch per step): where a
+            # positioned input (`dataset_fn.at`) resumes, on any worker
+            # count. -1: unknown (a checkpoint from before it was kept).
+            self.input_position = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="input_position")
         _compat.disable_gradient_aggregation(optimizer)
         # Keras callbacks (TensorBoard, BackupAndRestore, ModelCheckpoint)
         # look for the optimizer where `compile` would have put it.
@@ -148,7 +153,7 @@ class Trainer:
         if config.checkpoint_dir:
             trackables = checkpointing.training_trackables(
                 model, optimizer, self.step, loss_scale=self.loss_scale,
-                metrics=self.metrics)
+                metrics=self.metrics, input_position=self.input_position)
             barrier = self.collectives.barrier if self.num_workers > 1 else None
             self._keeper = checkpointing.CheckpointKeeper(
                 config.checkpoint_dir, is_chief=self.is_chief,
@@ -200,12 +205,18 @@ class Trainer:
 
         Takes what `model.fit` takes (see `fit_inputs.py`) or, the fast
         path, a `dataset_fn`. Resumes from the latest checkpoint in
-        `config.checkpoint_dir`: model, RNG states, optimizer, step and, with
-        the same worker count, each worker's input position, so the run
-        continues exactly where it stopped. On another worker count the input
-        starts over (see README, "Checkpoints and resume"). The Trainer's
-        checkpoint wins over a `BackupAndRestore` callback; without one,
-        `BackupAndRestore`'s epoch is used.
+        `config.checkpoint_dir`: model, RNG states, optimizer, step and the
+        input position, so the run continues exactly where it stopped.
+
+        The input position: a `dataset_fn` with `at(position)` (the
+        toolkit's record pipelines in the global order,
+        `input_pipelines.tfrecord.PositionedDatasetFn`) is started at the
+        global record position the checkpoint holds, on any worker count.
+        Any other input is resumed from each worker's saved `tf.data`
+        iterator state, which exists only for the same worker count; on
+        another count it starts over (see README, "Checkpoints and
+        resume"). The Trainer's checkpoint wins over a `BackupAndRestore`
+        callback; without one, `BackupAndRestore`'s epoch is used.
 
         Args:
             x: `fn(tf.distribute.InputContext) -> tf.data.Dataset` of
@@ -259,10 +270,10 @@ class Trainer:
             validation_fn = self._evaluation_fn(validation_data)
         verbose = (self.config.verbose if verbose in (None, "auto")
                    else int(verbose))
-        feed = InputFeed(self.strategy, dataset_fn,
-                         num_replicas=self.collectives.num_replicas,
-                         num_workers=self.num_workers,
-                         worker_index=self.worker_index)
+        # A positioned input is built once the checkpoint says where it
+        # starts (in _fit); any other now, so its iterator can be restored.
+        self._feed = (None if _positioned(dataset_fn)
+                      else self._make_feed(dataset_fn))
         worker_dir = None if self.is_chief else tempfile.mkdtemp(
             prefix="tfscale-worker-")
         callbacks = list(callbacks)
@@ -277,7 +288,7 @@ class Trainer:
         watch = SignalWatch().__enter__()
         self._verbose = verbose
         try:
-            return self._fit(feed, callbacks, callback_list, worker_dir,
+            return self._fit(dataset_fn, callbacks, callback_list, worker_dir,
                              watch, steps_per_epoch, epochs, validation_fn,
                              validation_steps, initial_epoch)
         finally:
@@ -286,7 +297,9 @@ class Trainer:
             if self._keeper:
                 self._keeper.untrack_input()
                 self._keeper.close()
-            feed.close()
+            if self._feed is not None:
+                self._feed.close()
+                self._feed = None
             if worker_dir:
                 shutil.rmtree(worker_dir, ignore_errors=True)
 
@@ -301,12 +314,26 @@ class Trainer:
             batch_size=batch_size or self.config.global_batch_size,
             per_replica_batch_size=self.per_replica_batch_size)
 
-    def _fit(self, feed, callbacks, callback_list, worker_dir, watch,
+    def _make_feed(self, dataset_fn) -> InputFeed:
+        return InputFeed(self.strategy, dataset_fn,
+                         num_replicas=self.collectives.num_replicas,
+                         num_workers=self.num_workers,
+                         worker_index=self.worker_index)
+
+    def _position_feed(self, dataset_fn) -> None:
+        """(Re)builds a positioned input at `input_position`."""
+        if self._feed is not None:
+            self._feed.close()
+        self._feed = self._make_feed(
+            dataset_fn.at(int(self.input_position.numpy())))
+
+    def _fit(self, dataset_fn, callbacks, callback_list, worker_dir, watch,
              steps_per_epoch, epochs, validation_fn, validation_steps,
              initial_epoch):
         self.model.stop_training = False
         self.timer.reset()
         self._interval_loss, self._interval_steps = 0.0, 0
+        positioned = _positioned(dataset_fn)
         # A fresh start begins from the chief's weights (MPI; a strategy
         # synchronized them when it created them); a checkpoint, read by
         # every worker, overrides them.
@@ -314,30 +341,51 @@ class Trainer:
             self.model.variables + self.optimizer.variables)
         restored = None
         if self._keeper:
-            self._keeper.track_input(feed.iterator)
+            if not positioned:
+                self._keeper.track_input(self._feed.iterator)
+            if self._keeper.latest:
+                self.input_position.assign(-1)  # unless the checkpoint has it
             restored = self._keeper.restore_latest()
+        self._settle_input_position()
+        if positioned:
+            self._position_feed(dataset_fn)
         self.model._initial_epoch = None
         _compat.build_compiled_metrics(self.model, self.metrics,
-                                       feed.iterator.element_spec)
+                                       self._feed.iterator.element_spec)
         callback_list.on_train_begin()
         if worker_dir:
             callback_files.route_backup_writes(callbacks, worker_dir)
+        moved = False
         if restored and self.model._initial_epoch is not None:
             # BackupAndRestore loaded its weights over ours: ours win.
             self._keeper.restore_latest()
         elif self.model._initial_epoch:
             # BackupAndRestore restored weights at an epoch boundary.
             self.step.assign(self.model._initial_epoch * steps_per_epoch)
+            moved = True
         elif initial_epoch and not int(self.step.numpy()):
             self.step.assign(initial_epoch * steps_per_epoch)
+            moved = True
+        if moved:
+            self.input_position.assign(-1)
+            self._settle_input_position()
+            if positioned:
+                self._position_feed(dataset_fn)
+        feed = self._feed
         start = int(self.step.numpy())
         if restored:
             self._saved_step = start
-            input_state = self._keeper.restore_input(start)
+            if positioned:
+                where = (f"position restored (global record "
+                         f"{int(self.input_position.numpy())}, the same "
+                         "order on any worker count)")
+            elif self._keeper.restore_input(start):
+                where = "position restored"
+            else:
+                where = ("starts over (no input state for "
+                         f"{self.num_workers} worker(s) at this step)")
             self._log(f"resumed from {restored} at step {start}; input "
-                      + ("position restored" if input_state else
-                         "starts over (no input state for "
-                         f"{self.num_workers} worker(s) at this step)"))
+                      + where)
         _compat.continue_tensorboard_steps(callbacks, start)
         logs = {}
         for epoch in range(start // steps_per_epoch, epochs):
@@ -428,6 +476,7 @@ class Trainer:
             metric_logs = result.metrics
             self._skipped_steps += int(result.skipped)
             self.step.assign_add(1)
+            self.input_position.assign_add(self.config.global_batch_size)
             step = int(self.step.numpy())
             loss_total += loss
             seen += 1
@@ -471,6 +520,13 @@ class Trainer:
         return stop
 
     # ---- helpers -------------------------------------------------------------
+
+    def _settle_input_position(self) -> None:
+        """An unknown position (-1: an older checkpoint, or a step set by
+        BackupAndRestore or `initial_epoch`) is the step's global batches."""
+        if int(self.input_position.numpy()) < 0:
+            self.input_position.assign(
+                int(self.step.numpy()) * self.config.global_batch_size)
 
     def _local(self, value):
         return self.strategy.experimental_local_results(value)[0]
@@ -529,3 +585,8 @@ class Trainer:
     def _log(self, message: str):
         if self.is_chief:
             logging.info("tfscale: %s", message)
+
+
+def _positioned(dataset_fn) -> bool:
+    """The input can start at a global record position (`at`)."""
+    return callable(getattr(dataset_fn, "at", None))

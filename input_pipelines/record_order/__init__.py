@@ -1,0 +1,14 @@
+"""The global record order: which record every global batch holds, whatever
+the number of workers, replicas or accumulation steps.
+
+    index.py      per-file record offsets, stored beside the shards
+    shuffle.py    a seeded permutation of an epoch's records, computed per
+                  position (no table), new each epoch
+    partition.py  which positions an input pipeline reads; where a resumed
+                  run starts
+    reader.py     reads records by number from local files (mmap)
+
+No TensorFlow here: the order is plain arithmetic on positions, testable on
+its own (tests/test_record_order.py). `input_pipelines.tfrecord` turns it
+into a tf.data pipeline.
+"""
