@@ -127,12 +127,13 @@ def train_and_evaluate(config: ImageClassificationConfig) -> dict:
         config.cluster, output_dir=config.output_dir,
         precision=config.train.precision, seed=config.seed,
         deterministic=config.deterministic)
-    for files, setting in ((train_files, "train_files"),
-                           (eval_files, "eval_files")):
+    for files, setting, records in (
+            (train_files, "train_files", config.train_records),
+            (eval_files, "eval_files", config.eval_records)):
         if files:
             try:
                 images.check_first_record(
-                    files, config.spec, config.train_records.compression_type)
+                    files, config.spec, records.compression_type)
             except tfrecord.InputError as e:
                 raise ImageClassificationError(setting, str(e)) from None
     spec = config.spec
@@ -162,7 +163,7 @@ def train_and_evaluate(config: ImageClassificationConfig) -> dict:
                                  config.output_dir)
         except InputPipelineError as e:
             raise ImageClassificationError("train_files", _diagnose(
-                train_files, config, e)) from e
+                train_files, config.train_records, config, e)) from e
     else:
         _restore_for_eval(config, trainer, model)
     results = jobs.run_results(trainer, info, config.cluster.backend,
@@ -198,13 +199,14 @@ def _evaluate(config, trainer, files) -> dict:
         return trainer.evaluate(eval_fn, steps=config.max_eval_steps)
     except InputPipelineError as e:
         raise ImageClassificationError("eval_files", _diagnose(
-            files, config, e)) from e
+            files, config.eval_records, config, e)) from e
 
 
-def _diagnose(files, config, error) -> str:
-    """Names the file, record and cause of an input pipeline failure."""
+def _diagnose(files, records, config, error) -> str:
+    """Names the file, record and cause of an input pipeline failure
+    (`records`: the failing set's TFRecordConfig)."""
     culprit = images.find_bad_record(files, config.spec,
-                                     config.train_records.compression_type)
+                                     records.compression_type)
     if culprit:
         return (f"bad input record: {culprit} (--skip_corrupt_records "
                 "skips such records)")

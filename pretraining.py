@@ -126,13 +126,13 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
     # One record of each set, before the model is built (after the strategy:
     # collectives must be configured before TensorFlow's first op): a wrong
     # length or vocabulary is a one-line error now, not a parse error later.
-    for files, setting in ((train_files, "input_file"),
-                           (eval_files, "eval_input_file")):
+    for files, setting, records in (
+            (train_files, "input_file", config.train_records),
+            (eval_files, "eval_input_file", config.eval_records)):
         if files:
             try:
                 bert_records.check_first_record(
-                    files, config.spec, limits,
-                    config.train_records.compression_type)
+                    files, config.spec, limits, records.compression_type)
             except tfrecord.InputError as e:
                 raise PretrainingError(setting, str(e)) from None
     with strategy.scope():
@@ -166,7 +166,7 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
                                  config.output_dir, config.profile_steps)
         except InputPipelineError as e:
             raise PretrainingError("input_file", _diagnose(
-                train_files, config, limits, e)) from e
+                train_files, config.train_records, config, limits, e)) from e
     else:
         trainer.step.assign(checkpointing.checkpoint_step(initial))
     results = jobs.run_results(trainer, info, config.cluster.backend,
@@ -233,13 +233,14 @@ def _evaluate(config, trainer, files, limits) -> dict:
         return trainer.evaluate(eval_fn, steps=config.max_eval_steps)
     except InputPipelineError as e:
         raise PretrainingError("eval_input_file", _diagnose(
-            files, config, limits, e)) from e
+            files, config.eval_records, config, limits, e)) from e
 
 
-def _diagnose(files, config, limits, error) -> str:
-    """Names the file, record and cause of an input pipeline failure."""
+def _diagnose(files, records, config, limits, error) -> str:
+    """Names the file, record and cause of an input pipeline failure
+    (`records`: the failing set's TFRecordConfig)."""
     culprit = bert_records.find_bad_record(
-        files, config.spec, limits, config.train_records.compression_type)
+        files, config.spec, limits, records.compression_type)
     return f"bad input record: {culprit}" if culprit else str(error)
 
 

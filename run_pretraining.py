@@ -39,12 +39,18 @@ flags.DEFINE_string("eval_input_file", None, "Evaluation records (default "
 flags.DEFINE_integer("max_seq_length", 128, "Tokens per record.", **DATA)
 flags.DEFINE_integer("max_predictions_per_seq", 20, "Masked tokens per record.",
                      **DATA)
-flags.DEFINE_integer("shuffle_buffer_size", 10000, "Record shuffle buffer.",
+flags.DEFINE_integer("shuffle_buffer_size", 10000, "Record shuffle buffer "
+                     "(--input_order=sharded).",
                      **DATA)
 flags.DEFINE_integer("cycle_length", 2, "Files read at once per worker.",
                      **DATA)
 flags.DEFINE_bool("skip_corrupt_records", False, "Skip and log bad records.",
                   **DATA)
+flags.DEFINE_enum("input_order", "global", ["global", "sharded"],
+                  "global: one seeded order, the same records in each global "
+                  "batch on any worker count, exact resume on any count; "
+                  "sharded: files dealt out per worker (for compressed or "
+                  "remote records).", **DATA)
 
 MODEL = _concern(2, "model")
 flags.DEFINE_string("bert_config_file", None, "Google bert_config.json.",
@@ -279,7 +285,8 @@ def config_from_flags():
                 shuffle_buffer_size=FLAGS.shuffle_buffer_size,
                 cycle_length=FLAGS.cycle_length,
                 deterministic=FLAGS.deterministic, seed=FLAGS.seed,
-                skip_corrupt=FLAGS.skip_corrupt_records),
+                skip_corrupt=FLAGS.skip_corrupt_records,
+                order=FLAGS.input_order),
             optim=OptimConfig(
                 optimizer=optimizer_name, learning_rate=FLAGS.learning_rate,
                 schedule=FLAGS.lr_schedule,

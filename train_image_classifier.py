@@ -37,11 +37,16 @@ flags.DEFINE_integer("label_offset", 1, "Label of the first class in the "
 flags.DEFINE_enum("image_dtype", "uint8", ["uint8", "float32", "bfloat16",
                                            "float16"],
                   "Pixel dtype out of the pipeline (the model standardizes).")
-flags.DEFINE_integer("shuffle_buffer_size", 1024, "Record shuffle buffer "
+flags.DEFINE_integer("shuffle_buffer_size", 1024, "Record shuffle buffer of "
+                     "--input_order=sharded "
                      "(held in each input checkpoint).")
 flags.DEFINE_integer("cycle_length", 2, "Files read at once per worker.")
 flags.DEFINE_bool("skip_corrupt_records", False, "Skip and count records "
                   "whose JPEG cannot be decoded.")
+flags.DEFINE_enum("input_order", "global", ["global", "sharded"],
+                  "global: one seeded order and crops, the same records in "
+                  "each global batch on any worker count, exact resume on "
+                  "any count; sharded: files dealt out per worker.")
 
 flags.DEFINE_integer("train_batch_size", 256, "Global batch per step.")
 flags.DEFINE_integer("num_accumulation_steps", 1, "Micro-batches per step.")
@@ -126,7 +131,8 @@ def config_from_flags():
                 shuffle_buffer_size=FLAGS.shuffle_buffer_size,
                 cycle_length=FLAGS.cycle_length,
                 deterministic=FLAGS.deterministic, seed=FLAGS.seed,
-                skip_corrupt=FLAGS.skip_corrupt_records),
+                skip_corrupt=FLAGS.skip_corrupt_records,
+                order=FLAGS.input_order),
             optim=OptimConfig(
                 optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate,
                 schedule=FLAGS.lr_schedule,

@@ -43,7 +43,11 @@ STDDEV_RGB = (58.395, 57.12, 57.375)
 
 # variant -> (what it changes, keyword arguments of `tfscale_pipeline`)
 VARIANTS = {
-    "tfscale": ("as shipped: AUTOTUNE map, uint8 out", {}),
+    "tfscale": ("as shipped: global record order, AUTOTUNE map, uint8 out",
+                {}),
+    "sharded_order": ("--input_order=sharded: files dealt out per worker, "
+                      "interleave, shuffle buffer of 1,024 records",
+                      dict(order="sharded")),
     "autotune_off": ("tf.data's autotune model off (AUTOTUNE map = the "
                      "cores)", dict(options=dict(autotune=False))),
     "map_parallel_2": ("num_parallel_calls = 2 (the cores) instead of "
@@ -110,10 +114,10 @@ def _standardize(image):
 
 def tfscale_pipeline(files, spec, batch_size, num_parallel_calls=tfrecord.AUTOTUNE,
                      options=None, output_dtype=None, standardize=False,
-                     full_decode=False):
+                     full_decode=False, order="global"):
     """The shipped pipeline, or it with one knob changed."""
     records = tfrecord.TFRecordConfig(files, training=True, seed=1,
-                                      shuffle_buffer_size=1024)
+                                      shuffle_buffer_size=1024, order=order)
     if output_dtype or standardize:
         spec = dataclasses.replace(spec,
                                    output_dtype=output_dtype or "float32")

@@ -5,8 +5,9 @@ r"""Input pipeline benchmark: is the pipeline ever the bottleneck?
 On generated BERT records of realistic size (seq 128, 20 predictions), in one
 run, measures examples/s of:
   naive     sequential read, per-example parse_single_example, batch, no prefetch
-  ours      input_pipelines.tfrecord (interleave, shuffle, batch-then-parse,
-            prefetch), training mode
+  ours      input_pipelines.tfrecord in training mode, global record order
+            (read by record number, batch-then-parse, prefetch): the default
+  sharded   the same in the sharded order (interleave, block shuffle)
   ours+step ours through distribute_datasets_from_function feeding a trivial
             model step under the strategy (does the pipeline keep up?)
   ceiling   reading alone (one reader, batched) plus parsing alone
@@ -69,10 +70,29 @@ def naive(files, batch_size):
     return ds.batch(batch_size).with_options(options)
 
 
-def ours(files, batch_size):
-    config = tfrecord.TFRecordConfig(files, training=True, seed=0)
+def ours(files, batch_size, order="global"):
+    config = tfrecord.TFRecordConfig(files, training=True, seed=0, order=order)
     return tfrecord.make_dataset(config, batch_size,
                                  bert_records.make_parse_fn(SPEC))
+
+
+def index_cost(files):
+    """(seconds to index the files from the page cache, with CRC check;
+    index bytes on disk), the global order's one-time cost."""
+    from input_pipelines.record_order import index as record_index
+    for name in files:
+        if os.path.exists(record_index.index_path(name)):
+            os.remove(record_index.index_path(name))
+    start = time.perf_counter()
+    record_index.load(files)
+    scan = time.perf_counter() - start
+    start = time.perf_counter()
+    for name in files:
+        tf.data.TFRecordDataset(name, buffer_size=8 << 20).reduce(
+            tf.constant(0, tf.int64), lambda n, _: n + 1)
+    verify = time.perf_counter() - start
+    size = sum(os.path.getsize(record_index.index_path(f)) for f in files)
+    return scan, verify, size
 
 
 def ours_feeding_a_step(files, batch_size, steps=400, warmup=40):
@@ -141,16 +161,20 @@ def main():
     # measured --repeats times, interleaved, and the median is reported.
     # ours+step runs last: the strategy's distributed iterator keeps threads
     # busy after its measurement, which slowed whatever ran next by about 10%.
-    samples = {k: [] for k in ("naive", "ours", "ours+step", "read", "parse")}
+    scan, verify, index_bytes = index_cost(files)
+    samples = {k: [] for k in ("naive", "ours", "sharded", "ours+step",
+                               "read", "parse")}
     for _ in range(args.repeats):
         samples["naive"].append(examples_per_second(naive(files, b), b))
         samples["ours"].append(examples_per_second(ours(files, b), b))
+        samples["sharded"].append(examples_per_second(
+            ours(files, b, "sharded"), b))
         samples["read"].append(reading_alone(files, b))
         samples["parse"].append(parsing_alone(files, b, cores))
     for _ in range(args.repeats):
         samples["ours+step"].append(ours_feeding_a_step(files, b))
     median = {k: statistics.median(v) for k, v in samples.items()}
-    results = {k: median[k] for k in ("naive", "ours", "ours+step")}
+    results = {k: median[k] for k in ("naive", "ours", "sharded", "ours+step")}
     read, parse = median["read"], median["parse"]
     core_seconds = 1.0 / read + cores / parse  # per example
     results["ceiling"] = cores / core_seconds
@@ -159,6 +183,12 @@ def main():
     print(f"reading alone {read:,.0f}/s (1 thread), parsing alone "
           f"{parse:,.0f}/s ({cores} threads): {1e6 * core_seconds:.2f} "
           f"core-us per example")
+    million = 1e6 / args.records
+    print(f"record index: {scan * million:.2f} s per million records to "
+          f"scan and write, {verify * million:.2f} s per million to check "
+          f"CRCs (index_records), {index_bytes / args.records:.1f} bytes per "
+          f"record on disk; ours / sharded "
+          f"{median['ours'] / median['sharded']:.2f}")
     print("| pipeline | examples/s | vs naive | vs ceiling |")
     print("|---|---:|---:|---:|")
     for name, rate in results.items():

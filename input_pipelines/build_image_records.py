@@ -54,6 +54,8 @@ flags.DEFINE_integer("num_threads", 4, "Shards written at once.")
 def main(argv: Sequence[str]):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    from cli import quiet_tensorflow
+    quiet_tensorflow(FLAGS.verbosity)
     for name in ("image_dir", "output_dir"):
         if not FLAGS[name].value:
             raise SystemExit(f"build_image_records: error: --{name} is required")

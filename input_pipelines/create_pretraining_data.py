@@ -44,6 +44,8 @@ flags.DEFINE_integer("num_threads", 4, "Threads writing shards.")
 
 def main(argv):
     del argv
+    from cli import quiet_tensorflow
+    quiet_tensorflow(FLAGS.verbosity)
     from input_pipelines.bert_records import BertRecordSpec
     for name in ("input_file", "output_file", "vocab_file"):
         if not getattr(FLAGS, name):

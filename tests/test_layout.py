@@ -7,7 +7,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 ENTRY_POINTS = {"run_pretraining.py", "export_bert.py", "train_image_classifier.py",
                 "input_pipelines/create_pretraining_data.py",
                 "input_pipelines/build_image_records.py", "input_pipelines/make_demo_images.py",
-                "input_pipelines/make_demo_corpus.py"}
+                "input_pipelines/make_demo_corpus.py", "input_pipelines/index_records.py"}
 
 
 def sources(*folders):

@@ -484,7 +484,10 @@ class Trainer:
             self._interval_steps += 1
             # As in Keras's fit: "loss" is the running mean over the epoch.
             logs = {"loss": loss_total / seen, **metric_logs}
-            if step % self.config.log_steps == 0:
+            # An interval ends every log_steps and at the epoch's end, so a
+            # run shorter than log_steps still reports the steps it ran.
+            if (step % self.config.log_steps == 0
+                    or batch == steps_per_epoch - 1):
                 logs["learning_rate"] = self._learning_rate()
                 logs.update(self._report(step))
             callback_list.on_train_batch_end(batch, logs)

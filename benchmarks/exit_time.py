@@ -1,0 +1,93 @@
+r"""How long a finished job's workers take to leave after their last line.
+
+    python -m benchmarks.exit_time --runs 20 --output_dir runs/exit_time
+
+Runs a short real job (`run_pretraining.py`, BERT-tiny, 2 workers through
+`launch.local`, records made by the writer) `--runs` times and, for each,
+times the gap between the last line any worker printed and the launcher's
+exit (every worker gone). In TF 2.21 a worker could sit tens of seconds
+there while Python's exit waited for a tf.data iterator's deletion; the
+entry points now leave with `os._exit` once everything is flushed
+(`cli.leave`). Output: report.md and results.json in --output_dir.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def make_records(directory: str) -> str:
+    """A small corpus -> records (the demo's tools); returns the pattern."""
+    pattern = os.path.join(directory, "records", "train-*.tfrecord")
+    if not os.path.exists(os.path.join(directory, "corpus", "vocab.txt")):
+        subprocess.run([sys.executable, "-m", "input_pipelines.make_demo_corpus",
+                        f"--output_dir={directory}/corpus"], check=True)
+        subprocess.run([sys.executable, "-m",
+                        "input_pipelines.create_pretraining_data",
+                        f"--input_file={directory}/corpus/corpus.txt",
+                        f"--vocab_file={directory}/corpus/vocab.txt",
+                        f"--output_file={directory}/records/train.tfrecord",
+                        "--num_output_shards=4", "--max_seq_length=64",
+                        "--max_predictions_per_seq=10", "--dupe_factor=1"],
+                       check=True)
+    return pattern
+
+
+def one_run(pattern: str, directory: str, run: int, steps: int) -> dict:
+    out = os.path.join(directory, f"run-{run}")
+    command = [sys.executable, "-m", "launch.local", "--num_workers", "2",
+               "--threads_per_worker", "1", "--", sys.executable,
+               "run_pretraining.py", f"--input_file={pattern}",
+               f"--output_dir={out}",
+               f"--bert_config_file={directory}/corpus/bert_config.json",
+               "--max_seq_length=64", "--max_predictions_per_seq=10",
+               "--train_batch_size=32", f"--num_train_steps={steps}",
+               "--num_warmup_steps=2", f"--save_checkpoints_steps={steps}",
+               "--log_steps=5", "--do_eval", "--max_eval_steps=2"]
+    start = time.monotonic()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    last = start
+    for _ in proc.stdout:
+        last = time.monotonic()
+    code = proc.wait()
+    end = time.monotonic()
+    return {"run": run, "exit_code": code, "wall_seconds": end - start,
+            "after_last_line_seconds": end - last}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--output_dir", default="runs/exit_time")
+    args = parser.parse_args()
+    os.makedirs(args.output_dir, exist_ok=True)
+    pattern = make_records(os.path.abspath(args.output_dir))
+    results = []
+    for run in range(args.runs):
+        results.append(one_run(pattern, os.path.abspath(args.output_dir), run,
+                               args.steps))
+        print(json.dumps(results[-1]), flush=True)
+    gaps = [r["after_last_line_seconds"] for r in results]
+    lines = [f"# Exit time: {args.runs} runs of 2 workers, {args.steps} steps "
+             "+ eval", "",
+             f"- exit codes: {sorted({r['exit_code'] for r in results})}",
+             f"- seconds from the last line to the launcher's exit: median "
+             f"{statistics.median(gaps):.2f}, max {max(gaps):.2f}, runs over "
+             f"5 s: {sum(g > 5 for g in gaps)}",
+             f"- wall seconds per run: median "
+             f"{statistics.median(r['wall_seconds'] for r in results):.1f}"]
+    with open(os.path.join(args.output_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    with open(os.path.join(args.output_dir, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

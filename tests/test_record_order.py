@@ -1,0 +1,262 @@
+"""The global record order: the same records in every global batch on any
+worker count, every record once per epoch, resume from a global position,
+and the offset indexes it reads by. Real TFRecord files, the real pipelines
+(`tfrecord.make_dataset`, `images.make_dataset`), one InputContext per
+simulated worker."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from input_pipelines import images, tfrecord
+from input_pipelines.record_order import index as record_index
+from input_pipelines.record_order import partition, shuffle
+from input_pipelines.record_order.reader import RecordReader
+
+WORKER_COUNTS = (1, 2, 3, 4, 6, 8)
+ID_SPEC = {"id": tf.io.FixedLenFeature([], tf.int64)}
+
+
+def write_ids(directory, sizes, start=0):
+    """Files of `sizes` records; record i holds id i (file after file)."""
+    names, next_id = [], start
+    for f, size in enumerate(sizes):
+        name = os.path.join(str(directory), f"part-{f:03d}.tfrecord")
+        with tf.io.TFRecordWriter(name) as writer:
+            for _ in range(size):
+                writer.write(tf.train.Example(features=tf.train.Features(
+                    feature={"id": tf.train.Feature(int64_list=tf.train.
+                                                    Int64List(value=[next_id]))}
+                )).SerializeToString())
+                next_id += 1
+        names.append(name)
+    return names
+
+
+def context(num, index, replicas_per_worker=1):
+    return tf.distribute.InputContext(
+        num_input_pipelines=num, input_pipeline_id=index,
+        num_replicas_in_sync=num * replicas_per_worker)
+
+
+def global_batches(config, num_workers, steps, global_batch, *,
+                   replicas_per_worker=1, accumulation=1, start_position=0):
+    """The ids of each optimizer step's global batch, assembled as the
+    Trainer's feed hands them out: per micro-batch, each worker's local
+    replicas take consecutive per-replica batches."""
+    per_replica = global_batch // (num_workers * replicas_per_worker
+                                   * accumulation)
+    parse = tfrecord.make_parse_fn(ID_SPEC, lambda f: f["id"])
+    per_worker = []
+    for w in range(num_workers):
+        ds = tfrecord.make_dataset(
+            config, per_replica, parse,
+            context(num_workers, w, replicas_per_worker), start_position)
+        count = steps * accumulation * replicas_per_worker
+        per_worker.append([b.numpy() for b in ds.take(count)])
+    steps_out = []
+    for s in range(steps):
+        ids = []
+        for a in range(accumulation):
+            for w in range(num_workers):
+                for r in range(replicas_per_worker):
+                    micro = (s * accumulation + a) * replicas_per_worker + r
+                    ids.extend(per_worker[w][micro].tolist())
+        steps_out.append(ids)
+    return steps_out
+
+
+# ---- the order itself (no TensorFlow) -----------------------------------------
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 1000, 4097])
+def test_each_epoch_is_a_permutation_and_epochs_differ(n):
+    orders = [shuffle.permute(np.arange(n), n, shuffle.epoch_key(3, e))
+              for e in range(3)]
+    for order in orders:
+        assert sorted(order.tolist()) == list(range(n))
+    if n >= 7:
+        assert not np.array_equal(orders[0], orders[1])
+        assert not np.array_equal(orders[0], shuffle.permute(
+            np.arange(n), n, shuffle.epoch_key(4, 0)))  # another seed
+        assert not np.array_equal(orders[0], np.arange(n))
+
+
+def test_the_permutation_mixes_well():
+    n = 100_000
+    order = shuffle.permute(np.arange(n), n, shuffle.epoch_key(0, 0))
+    # Position and record number are uncorrelated, and neighbours in the
+    # order are not neighbours in the files.
+    assert abs(np.corrcoef(np.arange(n), order)[0, 1]) < 0.01
+    assert np.median(np.abs(np.diff(order))) > n / 10
+
+
+@pytest.mark.parametrize("num", WORKER_COUNTS)
+def test_pipelines_together_read_each_micro_batch_once(num):
+    per = 24 // num
+    slices = [partition.Slice(num, p, per) for p in range(num)]
+    got = np.sort(np.concatenate([s.positions(0, 5) for s in slices]))
+    np.testing.assert_array_equal(got, np.arange(5 * 24))
+
+
+def test_a_resume_position_must_fit_the_micro_batch():
+    assert partition.Slice(3, 0, 8, start_position=48).positions(0, 1)[0] == 48
+    with pytest.raises(ValueError, match="input position 20 is not a "
+                       "multiple of the global micro-batch 24"):
+        partition.Slice(3, 0, 8, start_position=20)
+
+
+# ---- the pipeline ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory):
+    """231 records in 7 files of uneven sizes, one of them empty."""
+    return write_ids(tmp_path_factory.mktemp("uneven"),
+                     [37, 50, 13, 0, 61, 29, 41])
+
+
+def test_every_worker_count_sees_the_same_global_batches(uneven):
+    config = tfrecord.TFRecordConfig(uneven, seed=3, parse_chunk_size=40)
+    reference = global_batches(config, 1, 22, 24)  # 2.3 epochs
+    for num in WORKER_COUNTS[1:]:  # 8 workers > 7 files (6 non-empty)
+        assert global_batches(config, num, 22, 24) == reference, num
+    # Replicas per worker and accumulation split the same batch otherwise.
+    for num, replicas, accumulation in ((2, 2, 1), (1, 2, 2), (3, 1, 2),
+                                        (2, 2, 3)):
+        got = global_batches(config, num, 22, 24, accumulation=accumulation,
+                             replicas_per_worker=replicas)
+        assert [sorted(b) for b in got] == [sorted(b) for b in reference]
+
+
+def test_every_record_once_per_epoch_and_a_new_order_each_epoch(uneven):
+    config = tfrecord.TFRecordConfig(uneven, seed=3)
+    ids = [i for batch in global_batches(config, 3, 29, 24) for i in batch]
+    first, second, third = ids[:231], ids[231:462], ids[462:693]
+    for epoch in (first, second, third):
+        assert sorted(epoch) == list(range(231))
+    assert first != second != third
+    # Mixed across files from the first batch on: 24 records from >= 5 files.
+    files = np.searchsorted(np.cumsum([37, 50, 13, 0, 61, 29, 41]),
+                            first[:24], side="right")
+    assert len(set(files.tolist())) >= 5
+
+
+def test_a_resumed_pipeline_continues_the_order_on_another_worker_count(
+        uneven):
+    config = tfrecord.TFRecordConfig(uneven, seed=3)
+    reference = global_batches(config, 2, 20, 24)
+    for num in (1, 3, 4):
+        resumed = global_batches(config, num, 12, 24, start_position=8 * 24)
+        assert resumed == reference[8:], num
+
+
+def test_the_seed_names_the_order(uneven):
+    order = [global_batches(tfrecord.TFRecordConfig(uneven, seed=s), 1, 3, 24)
+             for s in (3, 3, 4)]
+    assert order[0] == order[1] != order[2]
+
+
+def test_image_crops_are_the_same_on_any_worker_count(tmp_path):
+    from input_pipelines import image_folder, pattern_images
+    folder = str(tmp_path / "images")
+    pattern_images.write_image_folder(folder, 2, 5, seed=2)
+    files = image_folder.write_records(image_folder.WriterConfig(
+        image_dir=folder, output_dir=str(tmp_path / "records"), num_shards=3,
+        seed=1))
+    spec = images.ImageSpec(image_size=24, num_classes=2)
+    config = tfrecord.TFRecordConfig(files, seed=5)
+
+    def batches(num, steps=4, global_batch=6, start=0):
+        out = []
+        for w in range(num):
+            ds = images.make_dataset(config, spec, global_batch // num,
+                                     context(num, w), start_position=start)
+            out.append([(x.numpy(), y.numpy()) for x, y in ds.take(steps)])
+        return [(np.concatenate([out[w][s][0] for w in range(num)]),
+                 np.concatenate([out[w][s][1] for w in range(num)]))
+                for s in range(steps)]
+    reference = batches(1)
+    for num in (2, 3):
+        for (x, y), (rx, ry) in zip(batches(num), reference):
+            np.testing.assert_array_equal(x, rx)
+            np.testing.assert_array_equal(y, ry)
+    # Epochs (10 images: steps 0-1 vs 2-3 straddle them) crop differently,
+    # and a resume at step 2 crops as the uninterrupted run.
+    assert not np.array_equal(reference[0][0], reference[2][0])
+    for (x, _), (rx, _) in zip(batches(2, steps=2, start=12), reference[2:]):
+        np.testing.assert_array_equal(x, rx)
+
+
+# ---- indexes and files -----------------------------------------------------------
+
+def test_writers_index_their_shards_and_globs_skip_the_index(tmp_path):
+    from input_pipelines import bert_instances
+    from input_pipelines.bert_records import BertRecordSpec
+    spec = BertRecordSpec(16, 2)
+    instance = bert_instances.Instance(
+        tokens=[2, 5, 6, 3], segment_ids=[0, 0, 0, 0],
+        masked_lm_positions=[1], masked_lm_ids=[5], is_random_next=False)
+    names = bert_instances.write_shards([instance] * 5,
+                                        str(tmp_path / "train.tfrecord"), 2,
+                                        spec)
+    for name in names:
+        saved = record_index.read_saved(name)
+        assert saved is not None
+        np.testing.assert_array_equal(saved, record_index.scan(name))
+    assert len(record_index.read_saved(names[0])) - 1 == 3  # 3 + 2 records
+    assert os.path.isdir(tmp_path / ".tfscale-index")
+    assert tfrecord.expand_files(str(tmp_path / "*")) == names
+
+
+def test_a_stale_or_missing_index_is_rebuilt_and_said(tmp_path, caplog):
+    files = write_ids(tmp_path, [5, 6])
+    reader = tfrecord.open_records(files)  # none yet: built now
+    assert reader.num_records == 11
+    assert "indexed 2 record file(s)" in caplog.text
+    write_ids(tmp_path, [9, 6], start=100)  # file 0 rewritten, longer
+    caplog.clear()
+    reader = tfrecord.open_records(files)
+    assert reader.num_records == 15
+    assert "indexed 1 record file(s)" in caplog.text
+    blob, lengths = reader.read(np.array([0, 8]))
+    assert len(lengths) == 2
+
+
+def test_a_file_changed_under_its_index_is_named(tmp_path):
+    files = write_ids(tmp_path, [5, 5])
+    offsets = record_index.load(files)
+    # Same size, other frames: rewrite file 1 with a different record split.
+    data = open(files[1], "rb").read()
+    with open(files[1], "r+b") as f:
+        f.seek(int(offsets[1][2]))
+        f.write(b"\x07" * 8)
+    reader = RecordReader(files, offsets)
+    with pytest.raises(record_index.RecordIndexError,
+                       match=rf"{files[1]}: record 2 does not match"):
+        reader.read(np.array([0, 7]))
+    assert len(data) == os.path.getsize(files[1])
+
+
+def test_a_truncated_file_is_named(tmp_path):
+    files = write_ids(tmp_path, [5])
+    with open(files[0], "r+b") as f:
+        f.truncate(os.path.getsize(files[0]) - 7)
+    with pytest.raises(tfrecord.InputError,
+                       match=rf"{files[0]}: record 4 at byte \d+ runs past"):
+        tfrecord.open_records(files)
+
+
+def test_compressed_records_fall_back_to_the_sharded_order(tmp_path):
+    name = str(tmp_path / "z.tfrecord")
+    with tf.io.TFRecordWriter(name, options="GZIP") as writer:
+        for i in range(10):
+            writer.write(tf.train.Example(features=tf.train.Features(
+                feature={"id": tf.train.Feature(int64_list=tf.train.Int64List(
+                    value=[i]))})).SerializeToString())
+    config = tfrecord.TFRecordConfig(name, compression_type="GZIP", seed=1)
+    assert not tfrecord.uses_global_order(config)
+    parse = tfrecord.make_parse_fn(ID_SPEC, lambda f: f["id"])
+    ids = [i for b in tfrecord.make_dataset(config, 5, parse).take(4)
+           for i in b.numpy().tolist()]
+    assert sorted(ids) == sorted(list(range(10)) * 2)
