@@ -8,8 +8,8 @@ run, measures examples/s of:
   ours      input_pipelines.tfrecord in training mode, global record order
             (read by record number, batch-then-parse, prefetch): the default
   sharded   the same in the sharded order (interleave, block shuffle)
-  ours+step ours through distribute_datasets_from_function feeding a trivial
-            model step under the strategy (does the pipeline keep up?)
+  +step     ours / sharded through distribute_datasets_from_function feeding
+            a trivial model step under the strategy (does it keep up?)
   ceiling   reading alone (one reader, batched) plus parsing alone
             (pre-batched records in memory, one thread per core): their
             per-example core costs added, spread over all cores
@@ -88,17 +88,18 @@ def index_cost(files):
     scan = time.perf_counter() - start
     start = time.perf_counter()
     for name in files:
-        tf.data.TFRecordDataset(name, buffer_size=8 << 20).reduce(
-            tf.constant(0, tf.int64), lambda n, _: n + 1)
+        tfrecord.count_records(name)
     verify = time.perf_counter() - start
     size = sum(os.path.getsize(record_index.index_path(f)) for f in files)
     return scan, verify, size
 
 
-def ours_feeding_a_step(files, batch_size, steps=400, warmup=40):
+def ours_feeding_a_step(files, batch_size, steps=400, warmup=40,
+                        order="global"):
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     dataset_fn = bert_records.make_dataset_fn(
-        tfrecord.TFRecordConfig(files, training=True, seed=0), SPEC, batch_size)
+        tfrecord.TFRecordConfig(files, training=True, seed=0, order=order),
+        SPEC, batch_size)
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 
     @tf.function
@@ -163,7 +164,7 @@ def main():
     # busy after its measurement, which slowed whatever ran next by about 10%.
     scan, verify, index_bytes = index_cost(files)
     samples = {k: [] for k in ("naive", "ours", "sharded", "ours+step",
-                               "read", "parse")}
+                               "sharded+step", "read", "parse")}
     for _ in range(args.repeats):
         samples["naive"].append(examples_per_second(naive(files, b), b))
         samples["ours"].append(examples_per_second(ours(files, b), b))
@@ -173,8 +174,11 @@ def main():
         samples["parse"].append(parsing_alone(files, b, cores))
     for _ in range(args.repeats):
         samples["ours+step"].append(ours_feeding_a_step(files, b))
+        samples["sharded+step"].append(ours_feeding_a_step(files, b,
+                                                           order="sharded"))
     median = {k: statistics.median(v) for k, v in samples.items()}
-    results = {k: median[k] for k in ("naive", "ours", "sharded", "ours+step")}
+    results = {k: median[k] for k in ("naive", "ours", "sharded", "ours+step",
+                                      "sharded+step")}
     read, parse = median["read"], median["parse"]
     core_seconds = 1.0 / read + cores / parse  # per example
     results["ceiling"] = cores / core_seconds

@@ -65,7 +65,10 @@ def make_trainer(checkpoint_dir):
 def dataset_fn(records, batch):
     parse = bert_records.make_parse_fn(SPEC)
     config = tfrecord.TFRecordConfig(os.path.join(records, "*.tfrecord"),
-                                     seed=1, deterministic=True)
+                                     seed=1, deterministic=True,
+                                     # iterator-state restore: the sharded
+                                     # order (the global one needs none)
+                                     order="sharded")
 
     def fn(context):
         ds = tfrecord.make_dataset(config, batch, parse, context)

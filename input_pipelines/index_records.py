@@ -51,9 +51,7 @@ def main(argv):
                     record_index.write(name, offsets)
                     built += 1
                 if FLAGS.verify:
-                    count = int(tf.data.TFRecordDataset(name, buffer_size=8 << 20)
-                                .reduce(tf.constant(0, tf.int64),
-                                        lambda n, _: n + 1))
+                    count = tfrecord.count_records(name)
                     if count != len(offsets) - 1:
                         raise record_index.RecordIndexError(
                             f"{name}: TensorFlow reads {count} records, the "

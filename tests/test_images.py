@@ -209,9 +209,11 @@ def test_crops_stay_inside_the_image(records):
 
 
 def epochs_of(files, seed, training=True, count=2):
-    """Per-epoch lists of the images of a 1-file, unshuffled stream."""
+    """Per-epoch lists of the images of a 1-file, unshuffled stream (the
+    sharded order; the global order's crops: test_record_order.py)."""
     config = tfrecord.TFRecordConfig(files, training=training, seed=seed,
-                                     shuffle_buffer_size=0, deterministic=True)
+                                     shuffle_buffer_size=0, deterministic=True,
+                                     order="sharded")
     per_epoch = sum(1 for _ in tf.data.TFRecordDataset(files))
     ds = images.make_dataset(config, SPEC, per_epoch)
     if not training:

@@ -22,7 +22,9 @@ runs blocked about 40 s in `DeleteIterator`; with autotune off, 0 of 6). A
 worker blocked there holds every other worker in the next collective; off
 the main thread it holds no one. The thread is not a daemon: Python waits
 for it at exit (a daemon thread still inside TensorFlow at exit aborted the
-process in 2 of 11 runs).
+process in 2 of 11 runs). So that a worker does not sit there after its last
+line, the entry points leave with `os._exit` once every file is flushed
+(`cli.leave`; `python -m benchmarks.exit_time`).
 """
 
 import threading
