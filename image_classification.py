@@ -119,6 +119,8 @@ def train_and_evaluate(config: ImageClassificationConfig) -> dict:
     """
     with jobs.blame("train_files", tfrecord.InputError):
         train_files = tfrecord.expand_files(config.train_records.input_files)
+        if config.do_train:
+            tfrecord.check_index(config.train_records)
     eval_files = None
     if config.eval_records:
         with jobs.blame("eval_files", tfrecord.InputError):
@@ -161,6 +163,8 @@ def train_and_evaluate(config: ImageClassificationConfig) -> dict:
         try:
             intervals = jobs.fit(trainer, dataset_fn, config.optim.total_steps,
                                  config.output_dir)
+        except tfrecord.InputError as e:  # a file changed since the start
+            raise ImageClassificationError("train_files", str(e)) from None
         except InputPipelineError as e:
             raise ImageClassificationError("train_files", _diagnose(
                 train_files, config.train_records, config, e)) from e

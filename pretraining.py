@@ -113,6 +113,8 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
     """
     with jobs.blame("input_file", tfrecord.InputError):
         train_files = tfrecord.expand_files(config.train_records.input_files)
+        if config.do_train:
+            tfrecord.check_index(config.train_records)
     eval_files = None
     if config.eval_records:
         with jobs.blame("eval_input_file", tfrecord.InputError):
@@ -164,6 +166,8 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
         try:
             intervals = jobs.fit(trainer, dataset_fn, config.num_train_steps,
                                  config.output_dir, config.profile_steps)
+        except tfrecord.InputError as e:  # a file changed since the start
+            raise PretrainingError("input_file", str(e)) from None
         except InputPipelineError as e:
             raise PretrainingError("input_file", _diagnose(
                 train_files, config.train_records, config, limits, e)) from e

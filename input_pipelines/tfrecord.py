@@ -380,12 +380,24 @@ def open_records(files: Sequence[str]) -> RecordReader:
     try:
         offsets = record_index.load(files, on_built)
     except (record_index.RecordIndexError, OSError) as e:
-        raise InputError(str(e)) from None
+        raise InputError(f"bad input record: {e}") from None
     reader = RecordReader(files, offsets)
     if reader.num_records == 0:
         raise InputError(f"no records in {len(files)} file(s) "
                          f"({files[0]}, ...)")
     return reader
+
+
+def check_index(config: TFRecordConfig) -> None:
+    """Indexes the training files now (when the global order reads them and
+    an index is missing or stale), so a file that does not index fails
+    before the model is built.
+
+    Raises:
+        InputError: Naming the file.
+    """
+    if uses_global_order(config):
+        open_records(expand_files(config.input_files)).close()
 
 
 def _global_chunks(config: TFRecordConfig,

@@ -158,6 +158,8 @@ def test_corrupt_record_is_named(corpus, tmp_path):
     code, output = run_command([sys.executable, "run_pretraining.py", *args],
                                timeout=300)
     assert code != 0
+    # (Found when the global order indexes the files, before the model.)
     assert last_line(output).startswith(
         f"run_pretraining: error: --input_file: bad input record: "
-        f"{bad}/train-00001.tfrecord")
+        f"{bad}/train-00001.tfrecord: record "), last_line(output)
+    assert "truncated" in last_line(output)
