@@ -3,9 +3,11 @@
 Each file is memory-mapped once; a batch of record numbers becomes one bytes
 object holding their frames back to back, plus each frame's length, so the
 caller cuts it into records with one vectorized op (`tf.strings.substr`).
-Slicing an mmap costs about 1.5 us a record here (650k records/s on one
-core), less than TFRecordDataset's sequential read (3.4 us): random access
-in the page cache is not slower than streaming.
+Slicing an mmap costs 1.5-2 us a record here (510k-650k random records/s
+on one core), less than TFRecordDataset's sequential read (3.0-3.3 us):
+random access in the page cache is not slower than streaming. TensorFlow's
+own random-access reader (`tf_record_random_reader`) managed 1,181 records/s
+(benchmarks/README.md, "Global record order").
 
 Every frame's length field is checked against the index (one vectorized
 gather per batch): a file rewritten after its index was built fails, naming
