@@ -36,5 +36,6 @@ setup(
     },
     entry_points={"console_scripts": [
         "tfscale-launch=launch.local:main",
+        "tfscale-run=launch.run:main",
     ]},
 )

@@ -173,7 +173,18 @@ def mpi_env(base_env: Mapping[str, str],
     env.update(thread_env(threads_per_worker))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     env["PYTHONUNBUFFERED"] = "1"
+    env.update({k: v for k, v in MPI_MEMORY_ENV.items() if k not in env})
     return env
+
+
+# The MPI path writes every all-reduce into a new tensor. With TensorFlow's
+# default CPU allocator each one page-faults fresh memory (64 MB: 40 ms
+# more than MPI's own time); its caching allocator (BFC) keeps the memory,
+# and glibc's hugetlb tunable backs large blocks with transparent huge
+# pages, which Open MPI's single-copy transfers read faster
+# (benchmarks/README.md, "tfscale.horovod"). A value of one's own wins.
+MPI_MEMORY_ENV = {"TF_CPU_ALLOCATOR_USE_BFC": "true",
+                  "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
 
 def default_threads(num_workers: int) -> int:

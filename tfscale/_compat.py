@@ -185,3 +185,57 @@ def continue_tensorboard_steps(callbacks, step: int) -> None:
     for callback in callbacks:
         if isinstance(callback, keras.callbacks.TensorBoard):
             callback._global_train_batch = step
+
+
+def gradient_may_be_recorded(tensors) -> bool:
+    """Whether an active `tf.GradientTape` watches any of `tensors` (eager).
+
+    tfscale.horovod's collectives skip `tf.custom_gradient`'s overhead
+    (a signature inspection per call) when no tape could use it.
+    """
+    try:
+        from tensorflow.python.eager import record
+        return bool(record.should_record_backprop(tensors))
+    except (ImportError, AttributeError):
+        return True
+
+
+def in_xla_context() -> bool:
+    """Whether the graph being built is compiled by XLA (jit_compile=True),
+    where a `tf.numpy_function` cannot run."""
+    try:
+        from tensorflow.python.ops import control_flow_util
+        return bool(control_flow_util.GraphOrParentsInXlaContext(
+            tf.compat.v1.get_default_graph()))
+    except (ImportError, AttributeError):
+        return False
+
+
+class CallableList(list):
+    """A list that returns itself when called (Keras 2's `opt.variables()`)."""
+
+    def __call__(self):
+        return self
+
+
+def allow_calling_optimizer_variables() -> None:
+    """Keras 3's `Optimizer.variables` as a `CallableList`.
+
+    Horovod's TF2 examples broadcast `opt.variables()`: a method in Keras 2,
+    a list property in Keras 3 (DESIGN.md fact 23). Returning a list that
+    also answers a call lets those lines run unchanged; it is a list in
+    every other respect. Idempotent.
+    """
+    for cls in keras.optimizers.Optimizer.__mro__:
+        prop = cls.__dict__.get("variables")
+        if isinstance(prop, property):
+            break
+    else:
+        return
+    if getattr(prop.fget, "_tfscale_callable", False):
+        return
+
+    def variables(self):
+        return CallableList(prop.fget(self))
+    variables._tfscale_callable = True
+    setattr(cls, "variables", property(variables, doc=prop.__doc__))

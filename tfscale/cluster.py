@@ -200,6 +200,28 @@ def pypi_open_mpi_environment(environ: Mapping[str, str],
     return extra
 
 
+def environment_seconds(name: str,
+                        environ: Mapping[str, str] = None) -> Optional[float]:
+    """A duration in seconds from the environment variable `name` (unset,
+    empty or 0: None).
+
+    Raises:
+        ClusterError: Not a number, or negative.
+    """
+    environ = os.environ if environ is None else environ
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ClusterError(f"{name} is not a number of seconds: "
+                           f"{text!r}") from None
+    if value < 0:
+        raise ClusterError(f"{name} must be >= 0, got {text}")
+    return value or None
+
+
 def prepare_mpi_environment() -> None:
     """Sets `pypi_open_mpi_environment` in this process (before MPI starts)."""
     os.environ.update(pypi_open_mpi_environment(os.environ, sys.prefix))

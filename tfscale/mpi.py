@@ -100,7 +100,7 @@ class MpiCollectives:
         self.is_chief = self.worker_index == 0
         self.num_replicas = self.comm.size
         self.bucket_bytes = bucket_bytes
-        self._watchdog = (_Watchdog(self.comm, timeout_seconds)
+        self._watchdog = (Watchdog(self.comm, timeout_seconds)
                           if timeout_seconds and self.num_workers > 1
                           else None)
 
@@ -216,7 +216,7 @@ class MpiCollectives:
                 offset += array.size
 
 
-class _Watchdog:
+class Watchdog:
     """Aborts the MPI job when one all-reduce waits longer than a limit.
 
     MPI has no collective timeout: a rank that stops calling (stuck, or

@@ -1,0 +1,57 @@
+"""The API of `horovod.tensorflow`, on tfscale's MPI backend.
+
+    import tfscale.horovod as hvd      # was: import horovod.tensorflow as hvd
+    hvd.init()
+    ...
+    tfscale-run -np 4 -H server1:2,server2:2 python train.py
+
+Runs on TensorFlow 2.21 with Keras 3 or tf_keras; README "Coming from
+Horovod" lists what differs. Importing it makes Keras 3's
+`optimizer.variables` callable as in Keras 2
+(`tfscale._compat.allow_calling_optimizer_variables`).
+"""
+
+from tfscale import _compat
+from tfscale.horovod._state import (cross_rank, cross_size, gloo_built,
+                                    gloo_enabled, init, is_homogeneous,
+                                    is_initialized, local_rank, local_size,
+                                    mpi_built, mpi_enabled,
+                                    mpi_threads_supported, nccl_built, rank,
+                                    shutdown, size)
+from tfscale.horovod._unsupported import (ELASTIC, TIMELINE, Unsupported,
+                                          unsupported)
+from tfscale.horovod.compression import Compression
+from tfscale.horovod.functions import (allgather_object, broadcast_object,
+                                       broadcast_variables)
+from tfscale.horovod.ops import (Adasum, Average, CollectiveMismatchError,
+                                 Max, Min, Product, ProcessSet, Sum, allgather,
+                                 allreduce, broadcast, global_process_set,
+                                 grouped_allreduce, join)
+from tfscale.horovod.optimizer import (DistributedGradientTape,
+                                       DistributedOptimizer)
+
+_compat.allow_calling_optimizer_variables()
+
+elastic = Unsupported("elastic", ELASTIC)
+start_timeline = unsupported("start_timeline", TIMELINE)
+stop_timeline = unsupported("stop_timeline", TIMELINE)
+alltoall = unsupported(
+    "alltoall", "use allgather and keep each rank's part")
+reducescatter = unsupported(
+    "reducescatter", "use allreduce and keep each rank's part")
+grouped_allgather = unsupported(
+    "grouped_allgather", "call allgather per tensor")
+grouped_reducescatter = unsupported(
+    "grouped_reducescatter", "use grouped_allreduce")
+add_process_set = unsupported(
+    "process sets", "every collective runs on all ranks")
+remove_process_set = add_process_set
+ccl_built = cuda_built = rocm_built = ddl_built = nccl_built
+
+
+def broadcast_global_variables(root_rank):
+    """TF1's global-variable broadcast; there are none eagerly."""
+    raise NotImplementedError(
+        "tfscale.horovod: broadcast_global_variables() is TF1-only (no "
+        "global collection in TF2): use hvd.broadcast_variables(model."
+        "variables, root_rank) or the BroadcastGlobalVariablesCallback")

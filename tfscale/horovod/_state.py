@@ -1,0 +1,193 @@
+"""The one process-wide Horovod state: who this rank is, and its communicators.
+
+Horovod's API is module functions (`hvd.init()`, `hvd.rank()`, ...) over one
+state per process, so this module holds it; nothing else in tfscale has a
+process-wide state. `init()` reads the ranks from the MPI launcher
+(`tfscale-run`, `mpirun`, `srun --mpi=pmix`); a script started without one is
+size 1 and never starts MPI, as under Horovod.
+"""
+
+import dataclasses
+import sys
+import threading
+import time
+from typing import Optional
+
+from tfscale import cluster
+
+NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+
+
+@dataclasses.dataclass
+class State:
+    """This rank and its communicators (`comm` None: size 1 without MPI)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    homogeneous: bool
+    comm: object = None        # mpi4py communicator of all ranks
+    mpi: object = None         # the mpi4py.MPI module
+    watchdog: object = None    # aborts a collective that waits too long
+    sequence: int = 0          # collectives issued so far (the same on all)
+    joined_at: Optional[int] = None
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+_state: Optional[State] = None
+
+
+def init(comm=None, process_sets=None) -> None:
+    """Starts Horovod on this rank (again: no effect).
+
+    Args:
+        comm: None (all ranks) or an mpi4py communicator to run on.
+        process_sets: Not offered (raises): tfscale.horovod runs every
+            collective on all ranks.
+
+    Raises:
+        NotImplementedError: `process_sets` or a list of ranks as `comm`.
+        tfscale.cluster.ClusterError: The launcher's environment is
+            malformed (e.g. plain `srun` without `--mpi=pmix`).
+        ImportError: Started by an MPI launcher but mpi4py is missing.
+    """
+    global _state
+    if _state is not None:
+        return
+    if process_sets:
+        raise NotImplementedError(
+            "tfscale.horovod has no process sets: every collective runs on "
+            "all ranks (start separate jobs for separate groups)")
+    if comm is not None and not hasattr(comm, "Allreduce"):
+        raise NotImplementedError(
+            "tfscale.horovod.init(comm=...) takes an mpi4py communicator, "
+            f"not {type(comm).__name__} (a list of ranks is a process set, "
+            "which tfscale.horovod does not offer)")
+    info = cluster.resolve_cluster(backend="mpi")
+    if comm is None and info.world_size == 1:
+        _state = State(rank=0, size=1, local_rank=0, local_size=1,
+                       cross_rank=0, cross_size=1, homogeneous=True)
+        return
+    from tfscale import mpi as mpi_lib
+    MPI = mpi_lib.import_mpi()
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    cross = comm.Split(color=local.rank, key=comm.rank)
+    local_sizes = comm.allgather(local.size)
+    state = State(rank=comm.rank, size=comm.size, local_rank=local.rank,
+                  local_size=local.size, cross_rank=cross.rank,
+                  cross_size=cross.size,
+                  homogeneous=len(set(local_sizes)) == 1, comm=comm, mpi=MPI)
+    local.Free()
+    cross.Free()
+    stall = cluster.environment_seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
+    if stall and state.size > 1:
+        state.watchdog = mpi_lib.Watchdog(comm, stall)
+    _wait_for_all(state, cluster.environment_seconds("HOROVOD_START_TIMEOUT"))
+    _state = state
+
+
+def _wait_for_all(state: State, timeout: Optional[float]) -> None:
+    """Returns when every rank has called init; with a timeout, aborts the
+    job after it with one line naming this rank (tfscale-run
+    --start-timeout)."""
+    request = state.comm.Ibarrier()
+    if not timeout:
+        request.Wait()
+        return
+    deadline = time.monotonic() + timeout
+    while not request.Test():
+        if time.monotonic() > deadline:
+            sys.stderr.write(
+                f"tfscale.horovod: error: rank {state.rank}: the other ranks "
+                f"did not reach hvd.init() within {timeout:g} s "
+                "(--start-timeout); aborting the job\n")
+            sys.stderr.flush()
+            state.comm.Abort(1)
+        time.sleep(0.01)
+
+
+def shutdown() -> None:
+    """Ends Horovod on this rank (MPI itself ends at exit)."""
+    global _state
+    _state = None
+
+
+def is_initialized() -> bool:
+    return _state is not None
+
+
+def get() -> State:
+    """The state, or Horovod's error when `init()` was not called.
+
+    Raises:
+        ValueError: Not initialized.
+    """
+    if _state is None:
+        raise ValueError(NOT_INITIALIZED)
+    return _state
+
+
+def size() -> int:
+    """The number of ranks."""
+    return get().size
+
+
+def rank() -> int:
+    """This rank's index, 0 .. size() - 1."""
+    return get().rank
+
+
+def local_size() -> int:
+    """The number of ranks on this host."""
+    return get().local_size
+
+
+def local_rank() -> int:
+    """This rank's index among the ranks on its host."""
+    return get().local_rank
+
+
+def cross_size() -> int:
+    """The number of hosts with a rank of this local rank."""
+    return get().cross_size
+
+
+def cross_rank() -> int:
+    """This host's index among the hosts (for this local rank)."""
+    return get().cross_rank
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of ranks."""
+    return get().homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    state = get()
+    if state.mpi is None:
+        return False
+    return state.mpi.Query_thread() == state.mpi.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    return get().mpi is not None
+
+
+def mpi_built() -> bool:
+    return True
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    return False
