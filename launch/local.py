@@ -300,6 +300,8 @@ _TAGGED = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)$")
 _RANK_SIGNAL = re.compile(
     r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal (\d+)")
 _RANK_EXIT = re.compile(r"Process name: \[[^\]]*,(\d+)\]\s+Exit code:\s+(\d+)")
+_RANK_ABORT = re.compile(
+    r"process rank (\d+) with PID \d+ on node \S+ calling\s+\"abort\"")
 
 
 class _MpiGroup:
@@ -347,6 +349,9 @@ class _MpiGroup:
         exited = _RANK_EXIT.search(text)
         if exited:
             return int(exited.group(1)), int(exited.group(2))
+        aborted = _RANK_ABORT.search(text)
+        if aborted:  # MPI_Abort: mpirun's status is the abort's code
+            return int(aborted.group(1)), code
         return None, code
 
     def all_done(self) -> bool:

@@ -33,9 +33,13 @@ def main(argv):
     if ready:
         return 0  # closed: start-up done (or the worker is gone)
     dead = [p for p in peers if not reachable(p)]
-    detail = (f"unreachable peer(s): {', '.join(dead)}" if dead else
-              "all peers accept connections but did not join")
-    sys.stderr.write(f"tfscale: worker {index} could not start the cluster "
+    if not peers:  # MPI ranks: the launcher knows the addresses, not us
+        detail = "the other ranks did not all start: --start-timeout"
+    elif dead:
+        detail = f"unreachable peer(s): {', '.join(dead)}"
+    else:
+        detail = "all peers accept connections but did not join"
+    sys.stderr.write(f"tfscale: {index} could not start the cluster "
                      f"within {timeout:g}s ({detail})\n")
     sys.stderr.flush()
     try:

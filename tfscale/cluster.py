@@ -457,9 +457,11 @@ class StartupWatchdog:
     do not accept connections and SIGKILLs this process.
     """
 
-    def __init__(self, info: ClusterInfo, timeout: float):
+    def __init__(self, info: ClusterInfo, timeout: float,
+                 who: str = "worker"):
         self._info = info
         self._timeout = timeout
+        self._who = who
         self._process = None
 
     def __enter__(self):
@@ -467,7 +469,8 @@ class StartupWatchdog:
                               "_watchdog.py")
         self._process = subprocess.Popen(
             [sys.executable, script, str(os.getpid()), str(self._timeout),
-             str(self._info.worker_index), *self._info.peer_addresses],
+             f"{self._who} {self._info.worker_index}",
+             *self._info.peer_addresses],
             stdin=subprocess.PIPE)
         return self
 

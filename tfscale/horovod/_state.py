@@ -7,10 +7,10 @@ process-wide state. `init()` reads the ranks from the MPI launcher
 size 1 and never starts MPI, as under Horovod.
 """
 
+import contextlib
 import dataclasses
 import sys
 import threading
-import time
 from typing import Optional
 
 from tfscale import cluster
@@ -55,8 +55,6 @@ def init(comm=None, process_sets=None) -> None:
         ImportError: Started by an MPI launcher but mpi4py is missing.
     """
     global _state
-    if _state is not None:
-        return
     if process_sets:
         raise NotImplementedError(
             "tfscale.horovod has no process sets: every collective runs on "
@@ -66,17 +64,25 @@ def init(comm=None, process_sets=None) -> None:
             "tfscale.horovod.init(comm=...) takes an mpi4py communicator, "
             f"not {type(comm).__name__} (a list of ranks is a process set, "
             "which tfscale.horovod does not offer)")
+    if _state is not None:
+        return
     info = cluster.resolve_cluster(backend="mpi")
     if comm is None and info.world_size == 1:
         _state = State(rank=0, size=1, local_rank=0, local_size=1,
                        cross_rank=0, cross_size=1, homogeneous=True)
         return
     from tfscale import mpi as mpi_lib
-    MPI = mpi_lib.import_mpi()
-    comm = comm if comm is not None else MPI.COMM_WORLD
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    cross = comm.Split(color=local.rank, key=comm.rank)
-    local_sizes = comm.allgather(local.size)
+    timeout = cluster.environment_seconds("HOROVOD_START_TIMEOUT")
+    # MPI_Init itself waits for every rank (holding the GIL): a watchdog
+    # process ends this rank with one line if they are not all there in
+    # time (tfscale-run --start-timeout).
+    with (cluster.StartupWatchdog(info, timeout, who="rank") if timeout
+          else contextlib.nullcontext()):
+        MPI = mpi_lib.import_mpi()
+        comm = comm if comm is not None else MPI.COMM_WORLD
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+        cross = comm.Split(color=local.rank, key=comm.rank)
+        local_sizes = comm.allgather(local.size)
     state = State(rank=comm.rank, size=comm.size, local_rank=local.rank,
                   local_size=local.size, cross_rank=cross.rank,
                   cross_size=cross.size,
@@ -86,28 +92,25 @@ def init(comm=None, process_sets=None) -> None:
     stall = cluster.environment_seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
     if stall and state.size > 1:
         state.watchdog = mpi_lib.Watchdog(comm, stall)
-    _wait_for_all(state, cluster.environment_seconds("HOROVOD_START_TIMEOUT"))
+    if state.size > 1:
+        _abort_on_uncaught_exception(comm)
     _state = state
 
 
-def _wait_for_all(state: State, timeout: Optional[float]) -> None:
-    """Returns when every rank has called init; with a timeout, aborts the
-    job after it with one line naming this rank (tfscale-run
-    --start-timeout)."""
-    request = state.comm.Ibarrier()
-    if not timeout:
-        request.Wait()
-        return
-    deadline = time.monotonic() + timeout
-    while not request.Test():
-        if time.monotonic() > deadline:
-            sys.stderr.write(
-                f"tfscale.horovod: error: rank {state.rank}: the other ranks "
-                f"did not reach hvd.init() within {timeout:g} s "
-                "(--start-timeout); aborting the job\n")
-            sys.stderr.flush()
-            state.comm.Abort(1)
-        time.sleep(0.01)
+def _abort_on_uncaught_exception(comm) -> None:
+    """A rank that dies of an exception aborts the job, as a Horovod rank's
+    failure fails the others: otherwise mpi4py would finalize MPI at exit,
+    which Open MPI takes as a clean end, and the other ranks would wait for
+    it in their next collective."""
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        previous(kind, value, traceback)
+        sys.stderr.write(f"tfscale.horovod: rank {comm.rank} failed "
+                         f"({kind.__name__}); aborting the job\n")
+        sys.stderr.flush()
+        comm.Abort(1)
+    sys.excepthook = hook
 
 
 def shutdown() -> None:

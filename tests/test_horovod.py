@@ -1,0 +1,223 @@
+"""tfscale.horovod in one process (size 1, no launcher, as under Horovod)
+and tfscale-run's command line. Real ranks: tests/test_horovod_ranks.py."""
+
+import argparse
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfscale.horovod as hvd
+import tfscale.horovod.keras as hvdk
+from launch import run as run_lib
+from tfscale.horovod import _state
+
+
+@pytest.fixture
+def fresh():
+    hvd.shutdown()
+    yield
+    hvd.shutdown()
+
+
+def test_every_call_before_init_gives_horovods_error(fresh):
+    for call in (hvd.size, hvd.rank, hvd.local_rank, hvd.cross_size,
+                 lambda: hvd.allreduce(tf.ones([2])),
+                 lambda: hvd.allgather(tf.ones([2])),
+                 lambda: hvd.broadcast(tf.ones([2]), 0),
+                 lambda: hvd.broadcast_object(1),
+                 lambda: hvd.DistributedGradientTape(tf.GradientTape()),
+                 lambda: hvd.DistributedOptimizer(
+                     tf.keras.optimizers.SGD(0.1))):
+        with pytest.raises(ValueError, match=r"^Horovod has not been "
+                           r"initialized; use hvd.init\(\).$"):
+            call()
+    assert not hvd.is_initialized()
+
+
+def test_without_a_launcher_a_script_is_size_one(fresh):
+    hvd.init()
+    hvd.init()  # again: no effect
+    assert (hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(),
+            hvd.cross_size(), hvd.cross_rank()) == (1, 0, 1, 0, 1, 0)
+    assert hvd.is_initialized() and not hvd.mpi_enabled()
+    x = tf.constant([[1.0, 2.0]])
+    np.testing.assert_array_equal(hvd.allreduce(x), x)
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Sum,
+                                                prescale_factor=3.0), 3 * x)
+    np.testing.assert_array_equal(hvd.allgather(x), x)
+    np.testing.assert_array_equal(hvd.broadcast(x, 0), x)
+    assert hvd.broadcast_object({"a": 1}) == {"a": 1}
+    assert hvd.allgather_object(5) == [5]
+    assert hvd.join() == 0
+    with pytest.raises(ValueError, match="root_rank=1 is out of range"):
+        hvd.broadcast(x, 1)
+
+
+def test_the_tape_and_optimizer_change_nothing_on_one_rank(fresh):
+    hvd.init()
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((3,)),
+                                 tf.keras.layers.Dense(2)])
+    x = tf.random.normal([4, 3])
+    with tf.GradientTape(persistent=True) as tape:
+        loss = tf.reduce_sum(model(x) ** 2)
+    plain = tape.gradient(loss, model.trainable_variables)
+    wrapped = hvd.DistributedGradientTape(tape).gradient(
+        loss, model.trainable_variables)
+    for a, b in zip(plain, wrapped):
+        np.testing.assert_allclose(a, b)
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
+    assert type(optimizer).__name__ == "SGD"
+    assert isinstance(optimizer, tf.keras.optimizers.SGD)
+    with pytest.raises(ValueError, match="already a DistributedOptimizer"):
+        hvd.DistributedOptimizer(optimizer)
+    with pytest.raises(TypeError, match="wraps Keras 3, tf_keras"):
+        hvd.DistributedOptimizer(object())
+
+
+def test_what_is_not_offered_says_what_to_use(fresh):
+    hvd.init()
+    cases = [
+        (lambda: hvd.allreduce(tf.ones([2]), op=hvd.Adasum), "no Adasum"),
+        (lambda: hvd.elastic.run, "--max-restarts"),
+        (lambda: hvd.elastic.TensorFlowKerasState(None), "--max-restarts"),
+        (hvd.start_timeline, "TensorBoard"),
+        (lambda: hvd.alltoall(tf.ones([2])), "allgather"),
+        (lambda: hvd.ProcessSet([0]), "no process sets"),
+        (lambda: hvd.init(process_sets=[[0]]), "no process sets"),
+        (lambda: hvd.allreduce(tf.ones([2]), process_set=object()),
+         "global_process_set"),
+        (lambda: hvd.broadcast_global_variables(0), "broadcast_variables"),
+        (lambda: hvdk.broadcast_global_variables(0),
+         "BroadcastGlobalVariablesCallback"),
+    ]
+    for call, hint in cases:
+        with pytest.raises(NotImplementedError, match=hint):
+            value = call()
+            if callable(value):
+                value()
+    with pytest.raises(ValueError, match="supersedes average"):
+        hvd.allreduce(tf.ones([2]), average=True, op=hvd.Sum)
+
+
+def test_fp16_compression_sends_half_and_returns_the_dtype():
+    x = tf.constant([0.1, 1000.5], tf.float32)
+    sent, context = hvd.Compression.fp16.compress(x)
+    assert sent.dtype == tf.float16
+    back = hvd.Compression.fp16.decompress(sent, context)
+    assert back.dtype == tf.float32
+    np.testing.assert_allclose(back, x, rtol=1e-3)
+    ints = tf.constant([1, 2])
+    assert hvd.Compression.fp16.compress(ints)[0].dtype == tf.int32
+    assert hvd.Compression.none.compress(x)[0] is x
+
+
+def test_keras3_optimizer_variables_are_callable_like_keras2():
+    optimizer = tf.keras.optimizers.Adam()
+    optimizer.build([tf.Variable(tf.zeros([2]))])
+    assert optimizer.variables() == optimizer.variables
+    assert isinstance(optimizer.variables, list)
+
+
+# ---- tfscale-run's command line ---------------------------------------------
+
+def args_of(argv):
+    return run_lib.parse_args(argv)
+
+
+def test_hosts_and_hostfiles_parse_like_horovodrun(tmp_path):
+    assert run_lib.parse_hosts("server1:4,server2:4,server3") == [
+        ("server1", 4), ("server2", 4), ("server3", 1)]
+    with pytest.raises(run_lib.UsageError, match="'a:x' is not host:slots"):
+        run_lib.parse_hosts("a:x")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# cluster\nnode1 slots=4\nnode2 slots=2  # gpu\n"
+                        "node3\n")
+    assert run_lib.parse_hostfile(str(hostfile)) == [
+        ("node1", 4), ("node2", 2), ("node3", 1)]
+    with pytest.raises(run_lib.UsageError, match="No such file"):
+        run_lib.parse_hostfile(str(tmp_path / "missing"))
+    args = args_of(["-np", "16", "-H", "a:4,b:4", "python", "t.py"])
+    with pytest.raises(run_lib.UsageError,
+                       match="-np 16 needs 16 slots; -H a:4,b:4 has 8"):
+        run_lib.resolve_hosts(args)
+    assert run_lib.resolve_hosts(args_of(["-np", "3", "python", "t.py"])) == [
+        ("localhost", 3)]
+    assert run_lib.is_local([("localhost", 2)])
+    assert not run_lib.is_local([("server1", 4)])
+
+
+def test_the_multi_host_mpirun_command_line():
+    args = args_of(["-np", "16", "-H", "server1:4,server2:4,server3:4,"
+                    "server4:4", "-p", "2222", "--network-interface",
+                    "eth0,eth1", "--mpi-args", "--mca btl_tcp_eager_limit "
+                    "65536", "python", "train.py", "--lr", "0.1"])
+    assert args.command == ["python", "train.py", "--lr", "0.1"]
+    hosts = run_lib.resolve_hosts(args)
+    extra = run_lib.mpirun_args(args, hosts, ["PATH", "TF_CPP_MIN_LOG_LEVEL"],
+                                major=5)
+    assert extra == [
+        "-H", "server1:4,server2:4,server3:4,server4:4",
+        "--map-by", "slot", "--bind-to", "none",
+        "--prtemca", "plm_ssh_args", "-p 2222",
+        "--mca", "btl_tcp_if_include", "eth0,eth1",
+        "-x", "NCCL_SOCKET_IFNAME=eth0,eth1",
+        "--prtemca", "oob_tcp_if_include", "eth0,eth1",
+        "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
+        "--mca", "btl_tcp_eager_limit", "65536"]
+    old = run_lib.mpirun_args(args, hosts, [], major=4)
+    assert ["--mca", "plm_rsh_args", "-p 2222"] == old[6:9]
+    from launch import local
+    command = local.mpirun_command(args.command, 16, "mpirun",
+                                   extra_args=extra)
+    assert command[:4] == ["mpirun", "-np", "16", "--output"]
+    assert "--oversubscribe" not in command  # --map-by slot given
+    assert command[-4:] == ["python", "train.py", "--lr", "0.1"]
+
+
+def test_remote_ranks_get_the_environment_but_not_the_launchers_session():
+    names = run_lib.forwarded({"PATH": "/bin", "PYTHONPATH": "/x",
+                               "TF_CPP_MIN_LOG_LEVEL": "1", "SSH_AUTH_SOCK": "s",
+                               "OMPI_COMM_WORLD_RANK": "0", "PWD": "/",
+                               "BASH_FUNC_x%%": "() {\n}", "HOROVOD_X": "1"})
+    assert sorted(names) == ["HOROVOD_X", "PATH", "PYTHONPATH",
+                             "TF_CPP_MIN_LOG_LEVEL"]
+
+
+def test_horovodrun_options_not_offered_fail_naming_the_alternative(capsys):
+    for argv, hint in [(["--gloo"], "runs MPI only"),
+                       (["--min-np", "2"], "--max-restarts"),
+                       (["--timeline-filename", "t.json"], "TensorBoard"),
+                       (["--fusion-threshold-mb", "64"], "one all-reduce")]:
+        with pytest.raises(SystemExit) as exit_info:
+            args_of(["-np", "2", *argv, "python", "t.py"])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"{argv[0]} is not offered" in err and hint in err
+    # The script's own flags after the command are the script's.
+    args = args_of(["-np", "2", "python", "t.py", "--gloo"])
+    assert args.command == ["python", "t.py", "--gloo"]
+    assert args_of(["-np", "2", "--disable-cache", "--mpi", "python",
+                    "t.py"]).command == ["python", "t.py"]
+    with pytest.raises(SystemExit):
+        args_of(["python", "t.py"])  # no -np
+    assert isinstance(args_of(["--check-build"]), argparse.Namespace)
+    assert "[X] MPI" in run_lib.check_build()
+
+
+def test_open_mpi_version_is_read_from_the_mpirun_given(tmp_path):
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\necho 'HYDRA build details:'\n")
+    fake.chmod(0o755)
+    with pytest.raises(run_lib.UsageError, match="not Open MPI's mpirun"):
+        run_lib.open_mpi_major(str(fake))
+    fake.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 4.1.6'\n")
+    assert run_lib.open_mpi_major(str(fake)) == 4
+
+
+def test_state_is_one_per_process(fresh):
+    hvd.init()
+    assert _state.get() is _state.get()
+    hvd.shutdown()
+    assert not hvd.is_initialized()

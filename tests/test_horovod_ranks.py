@@ -1,0 +1,173 @@
+"""tfscale.horovod on 2 real ranks started by tfscale-run (Open MPI):
+Horovod's documented semantics with Keras 3 and tf_keras, the three
+Horovod-shaped example scripts, and bad input (one line naming the op,
+ranks and shapes; ranks that never arrive; a rank that dies)."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, run_command
+
+pytestmark = pytest.mark.slow
+
+
+def tfscale_run(*args, timeout=300, env=None):
+    command = [sys.executable, "-m", "launch.run", "-np", "2", "-H",
+               "localhost:2", *args]
+    return run_command(command, timeout=timeout, env=env)
+
+
+def worker(name):
+    return os.path.join(REPO, "tests", "workers", name)
+
+
+def example(name):
+    return os.path.join(REPO, "examples", "horovod", name)
+
+
+@pytest.mark.parametrize("keras", ["keras3", "tf_keras"])
+def test_horovod_semantics_on_two_ranks(tmp_path, keras):
+    env = {"TF_USE_LEGACY_KERAS": "1"} if keras == "tf_keras" else {
+        "TF_USE_LEGACY_KERAS": "0"}
+    code, output = tfscale_run(sys.executable, worker("horovod_semantics.py"),
+                               str(tmp_path), env=env)
+    assert code == 0, output[-8000:]
+    assert "[worker 0] rank 0: done" in output
+    assert "[worker 1] rank 1: done" in output
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text())
+             for r in range(2)]
+    zero, one = ranks
+    legacy = zero["keras"].startswith("tf_keras")
+    assert legacy == (keras == "tf_keras"), zero["keras"]
+    for r, got in enumerate(ranks):
+        assert (got["rank"], got["size"], got["local_rank"],
+                got["local_size"], got["cross_size"]) == (r, 2, r, 2, 1)
+        # Rank r holds [1, 2, 3] * (r + 1).
+        assert got["average"] == [1.5, 3.0, 4.5]
+        assert got["sum"] == got["average_flag"] == [3.0, 6.0, 9.0]
+        assert got["min"] == [1.0, 2.0, 3.0] and got["max"] == [2.0, 4.0, 6.0]
+        assert got["scaled"] == [3.0, 6.0, 9.0]
+        assert got["int_sum"] == [3, 20]
+        assert got["grouped"] == [[3.0, 6.0, 9.0], [[1]], [1.0]]
+        # Uneven first dimensions, in rank order.
+        assert got["allgather"] == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]
+        assert got["allgather_int"] == [0, 1, 0, 1, 2]
+        assert got["broadcast"] == [1, 10]
+        assert got["broadcast_object"] == {"from": 1}
+        assert got["allgather_object"] == ["rank0", "rank1"]
+        assert got["in_tf_function"] == [[3.0, 6.0, 9.0], [1.0, 2.0, 4.0],
+                                         [2.0, 4.0, 6.0]]
+        assert got["allreduce_grad"] == [2.0, 4.0, 6.0]
+        assert got["fp16_dtype"] == "float32"
+        assert got["fp16_error_over_bound"] <= 1.0
+        assert 0 < got["fp16_max_abs_error"]  # it did travel as float16
+        assert got["tape_max_diff"] < 1e-6
+        assert got["tape_fp16_predivide_max_diff"] < 2e-3
+        assert got["fit_iterations"] == 4
+        assert got["fit_accumulation_max_diff"] < 1e-6
+        assert got["fit_ranks_max_diff"] == 0.0
+        history, means = got["metric_history"], got["metric_mean_of_ranks"]
+        for key in ("loss", "mae"):
+            np.testing.assert_allclose(history[key], means[key], rtol=1e-6)
+        np.testing.assert_allclose(got["warmup_batch_lr"],
+                                   got["warmup_expected_batch_lr"], rtol=1e-6)
+        np.testing.assert_allclose(got["warmup_epoch_lr"],
+                                   [0.075, 0.1, 0.1], rtol=1e-6)
+        assert got["checkpoint_max_diff"] == 0.0
+        assert got["join_last"] == 0
+        assert got["optimizer_variables_callable"]
+    # The ranks' own metrics differ (other data), so averaging did something.
+    assert zero["metric_local"][0]["loss"] != one["metric_local"][0]["loss"]
+    assert zero["join_sums"] == [[1.0, 1.0], [1.0, 1.0]]
+    assert zero["join_average"] == [0.5, 0.5]
+    assert "Epoch 2: finished gradual learning rate warmup to 0.1." in output
+
+
+def test_horovod_shaped_scripts_run_on_two_ranks(tmp_path):
+    code, output = tfscale_run(
+        "--verbose", sys.executable, example("keras_mnist.py"), "--epochs",
+        "3", "--steps-per-epoch", "20", "--checkpoint-dir",
+        str(tmp_path / "keras"))
+    assert code == 0, output[-8000:]
+    assert "[launcher] " in output and "-H localhost:2" in output
+    final = [line for line in output.splitlines() if "final: loss" in line]
+    assert len(final) == 1 and final[0].startswith("[worker 0]"), final
+    accuracy = float(final[0].split("accuracy ")[1].split()[0])
+    assert accuracy > 0.3, final   # 10 classes: chance is 0.1
+    assert "lr 0.002000" in final[0]  # warmed up to 0.001 x 2 ranks
+    assert sorted(os.listdir(tmp_path / "keras")) == [
+        f"checkpoint-{e}.weights.h5" for e in (1, 2, 3)]
+
+    code, output = tfscale_run(sys.executable, example("tape_mnist.py"),
+                               "--steps", "30", "--checkpoint-dir",
+                               str(tmp_path / "tape"))
+    assert code == 0, output[-8000:]
+    assert "weight spread across ranks 0" in output, output[-3000:]
+    assert any(n.startswith("ckpt-1") for n in os.listdir(tmp_path / "tape"))
+
+    result = tmp_path / "synthetic.json"
+    code, output = tfscale_run(
+        sys.executable, example("synthetic_benchmark.py"), "--image-size",
+        "32", "--batch-size", "4", "--num-warmup-batches", "1",
+        "--num-batches-per-iter", "1", "--num-iters", "2",
+        "--fp16-allreduce", "--json-out", str(result), timeout=600)
+    assert code == 0, output[-8000:]
+    assert "Total img/sec on 2 CPU(s)" in output
+    measured = json.loads(result.read_text())
+    assert measured["images_per_second"] > 0
+    assert measured["weight_spread"] == 0.0
+
+    # Without a launcher the same script is one process of size 1.
+    code, output = run_command(
+        [sys.executable, example("tape_mnist.py"), "--steps", "3",
+         "--checkpoint-dir", str(tmp_path / "alone")], timeout=300)
+    assert code == 0, output[-5000:]
+    assert "final: loss" in output
+
+
+@pytest.mark.parametrize("mode,line", [
+    ("mismatch", "tfscale.horovod: mismatched allreduce 'grads': rank 0 "
+                 "called allreduce 'grads' with float32[2, 3], rank 1 called "
+                 "allreduce 'grads' with float32[3, 3] (every rank must pass "
+                 "the same shapes and dtypes)"),
+    ("mismatch_graph", "tfscale.horovod: mismatched allreduce 'grads': rank 0 "
+                       "called allreduce 'grads' with float32[2, 3], rank 1"),
+    ("dtype", "rank 0 called allreduce 'loss' with float32[3], rank 1 "
+              "called allreduce 'loss' with float64[3]"),
+])
+def test_ranks_that_disagree_fail_with_one_line_naming_op_ranks_shapes(
+        mode, line):
+    code, output = tfscale_run(sys.executable, worker("horovod_bad.py"), mode,
+                               timeout=120)
+    assert code != 0
+    # Both ranks raise it; the first to abort the job may stop the other
+    # before it prints.
+    assert any(l.startswith("[worker ") and line in l
+               for l in output.splitlines()), output[-6000:]
+    assert "no error" not in output
+
+
+def test_a_rank_that_never_arrives_or_dies_is_named(tmp_path):
+    code, output = tfscale_run("--start-timeout", "4", sys.executable,
+                               worker("horovod_bad.py"), "late", timeout=120)
+    assert code != 0
+    assert ("[worker 0] tfscale: rank 0 could not start the cluster within "
+            "4s (the other ranks did not all start: --start-timeout)"
+            ) in output, output[-4000:]
+    assert "[launcher] worker 0 failed (killed by SIGKILL)" in output
+    code, output = tfscale_run(sys.executable, worker("horovod_bad.py"),
+                               "crash", timeout=120)
+    assert code != 0, output[-4000:]
+    assert "[worker 1] RuntimeError: out of memory (pretend)" in output
+    assert ("[worker 1] tfscale.horovod: rank 1 failed (RuntimeError); "
+            "aborting the job") in output
+    assert "[launcher] worker 1 failed (exit code 1)" in output
+    assert "no error" not in output
+    code, output = tfscale_run(sys.executable, worker("horovod_bad.py"), "xla",
+                               timeout=120)
+    assert code != 0
+    assert "cannot run inside an XLA-compiled function" in output
