@@ -22,6 +22,8 @@ setup(
         # Needed by tensorflow-datasets' download_and_prepare, not declared.
         "importlib_resources>=6",
         "numpy>=1.26",
+        # Progress bars of the record writers and index_records.
+        "tqdm>=4.66",
     ],
     extras_require={
         "text": ["tensorflow-text==2.21.1"],

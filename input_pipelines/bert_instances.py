@@ -7,7 +7,6 @@ vocabulary learning are tensorflow-text's. The entry point with flags is
 `create_pretraining_data`.
 """
 
-import concurrent.futures
 import dataclasses
 import os
 import random
@@ -135,14 +134,22 @@ def instances_from_document(documents, index, config: InstanceConfig,
 
 
 def create_instances(documents, config: InstanceConfig, ids: SpecialIds,
-                     rng: random.Random) -> List[Instance]:
-    """All instances: `dupe_factor` passes over every document, shuffled."""
+                     rng: random.Random, progress=None) -> List[Instance]:
+    """All instances: `dupe_factor` passes over every document, shuffled.
+    `progress(n)` (optional) hears of every 64 documents done."""
     documents = [d for d in documents if d]
     instances = []
+    done = 0
     for _ in range(config.dupe_factor):
         for index in range(len(documents)):
             instances.extend(instances_from_document(documents, index, config,
                                                      ids, rng))
+            done += 1
+            if progress and done == 64:
+                progress(done)
+                done = 0
+    if progress:
+        progress(done)
     rng.shuffle(instances)
     return instances
 
@@ -185,28 +192,44 @@ def shard_names(output_file: str, num_shards: int) -> list:
     return [f"{stem}-{i:05d}-of-{num_shards:05d}{ext}" for i in range(num_shards)]
 
 
-def write_shards(instances, output_file, num_shards, spec, threads=4) -> list:
-    """Round-robin instances into shards, writing shards in parallel; each
-    shard's record index (the global order's) is written beside it."""
-    import tensorflow as tf
+def serialized(instances, spec):
     from input_pipelines.bert_records import serialize_instance
-    from input_pipelines.record_order import index as record_index
-    names = shard_names(output_file, num_shards)
-    os.makedirs(os.path.dirname(os.path.abspath(output_file)), exist_ok=True)
+    for inst in instances:
+        yield serialize_instance(inst.tokens, inst.segment_ids,
+                                 inst.masked_lm_positions, inst.masked_lm_ids,
+                                 inst.is_random_next, spec)
 
-    def write(shard):
-        with tf.io.TFRecordWriter(names[shard]) as writer:
-            for inst in instances[shard::num_shards]:
-                writer.write(serialize_instance(
-                    inst.tokens, inst.segment_ids, inst.masked_lm_positions,
-                    inst.masked_lm_ids, inst.is_random_next, spec))
-        if "://" not in names[shard]:
-            record_index.write(names[shard])
-        return len(instances[shard::num_shards])
 
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        list(pool.map(write, range(num_shards)))
-    return names
+@dataclasses.dataclass(frozen=True)
+class ShardTask:
+    """One output shard: its documents (sentences, untokenized) and how to
+    make instances of them (picklable: it goes to a writer process)."""
+
+    name: str
+    documents: tuple
+    vocab_file: str
+    lower_case: bool
+    config: InstanceConfig
+    ids: SpecialIds
+    seed: str
+    spec: object
+
+
+def write_instance_shard(task: ShardTask, progress) -> tuple:
+    """Tokenizes the shard's documents, makes their instances with the
+    shard's own random stream (random next sentences come from the same
+    shard's documents, as when Google's tool runs once per input file) and
+    writes them. Returns (documents, instances)."""
+    sentences = [s for d in task.documents for s in d]
+    tokens = iter(tokenize(sentences, task.vocab_file, task.lower_case))
+    documents = [[t for t in (next(tokens) for _ in d) if t]
+                 for d in task.documents]
+    instances = create_instances(documents, task.config, task.ids,
+                                 random.Random(task.seed), progress)
+    from input_pipelines import shard_writer
+    shard_writer.write_shard(task.name, serialized(instances, task.spec),
+                             lambda n: None)
+    return len(task.documents), len(instances)
 
 
 def read_lines(patterns: str) -> list:

@@ -211,4 +211,4 @@ def serialize_instance(input_ids, segment_ids, masked_lm_positions,
         "next_sentence_labels": ints([1 if is_random_next else 0]),
     }
     return tf.train.Example(features=tf.train.Features(
-        feature=features)).SerializeToString()
+        feature=features)).SerializeToString(deterministic=True)

@@ -12,13 +12,24 @@ corpus with tensorflow-text's `bert_vocab_from_dataset` and written there.
 Instances follow Google's `create_pretraining_data.py`: sentence-pair
 sampling with 50% random next sentences, `short_seq_prob` shorter targets,
 15% masking (80% [MASK], 10% random token, 10% unchanged), `dupe_factor`
-passes with different masks. Output shards are
-`<stem>-00000-of-0000N<ext>`, written in parallel threads.
+passes with different masks.
+
+At scale: the documents are dealt round-robin to the output shards
+`<stem>-00000-of-0000N<ext>`, and each shard is made by its own process
+(one per core; tokenization, instances, serialization) from its documents
+with its own seed, random next sentences drawn from the same shard, as when
+Google's tool is run once per input file. A progress bar shows documents,
+rate and ETA; the last line reports documents/s. A rerun of the same
+command after a crash keeps the complete shards (same corpus, vocab and
+flags: the digest in `.<stem>.manifest.json`) and writes only the missing
+ones, with the same bytes as an uninterrupted run.
 """
 
+import dataclasses
+import hashlib
 import os
-import random
 import sys
+import time
 
 from absl import app, flags, logging
 
@@ -39,13 +50,19 @@ flags.DEFINE_float("short_seq_prob", 0.1, "Chance of a shorter target.")
 flags.DEFINE_integer("dupe_factor", 10, "Passes over the corpus.")
 flags.DEFINE_integer("random_seed", 12345, "Seed.")
 flags.DEFINE_integer("num_output_shards", 1, "Output files.")
-flags.DEFINE_integer("num_threads", 4, "Threads writing shards.")
+flags.DEFINE_integer("num_processes", 0, "Writer processes (0: one per "
+                     "core; fewer for small corpora).")
+flags.DEFINE_integer("num_threads", None, "Deprecated: --num_processes.")
+flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
+
+DOCUMENTS_PER_PROCESS = 2000  # a process imports TensorFlow: a few seconds
 
 
 def main(argv):
     del argv
     from cli import quiet_tensorflow
     quiet_tensorflow(FLAGS.verbosity)
+    from input_pipelines import shard_writer
     from input_pipelines.bert_records import BertRecordSpec
     for name in ("input_file", "output_file", "vocab_file"):
         if not getattr(FLAGS, name):
@@ -69,20 +86,54 @@ def main(argv):
     vocab = bi.load_vocab(FLAGS.vocab_file)
     ids = bi.SpecialIds(vocab.index("[CLS]"), vocab.index("[SEP]"),
                      vocab.index("[MASK]"), len(vocab))
-    documents = bi.read_documents(lines)
-    sentences = [s for d in documents for s in d]
-    tokens = iter(bi.tokenize(sentences, FLAGS.vocab_file, FLAGS.do_lower_case))
-    documents = [[t for t in (next(tokens) for _ in d) if t] for d in documents]
+    documents = [d for d in bi.read_documents(lines) if d]
+    shards = FLAGS.num_output_shards
+    if shards > len(documents):
+        sys.exit(f"create_pretraining_data: error: --num_output_shards="
+                 f"{shards} is more than the {len(documents)} documents of "
+                 f"--input_file (each shard is made from its own documents)")
     config = bi.InstanceConfig(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
-                            FLAGS.masked_lm_prob, FLAGS.short_seq_prob,
-                            FLAGS.dupe_factor)
-    instances = bi.create_instances(documents, config, ids,
-                                 random.Random(FLAGS.random_seed))
-    names = bi.write_shards(instances, FLAGS.output_file, FLAGS.num_output_shards,
-                         spec, FLAGS.num_threads)
-    print(f"wrote {len(instances)} instances from {len(documents)} documents "
-          f"({len(sentences)} sentences, vocab {len(vocab)}) to {len(names)} "
-          f"shards: {names[0]} ...")
+                               FLAGS.masked_lm_prob, FLAGS.short_seq_prob,
+                               FLAGS.dupe_factor)
+    names = bi.shard_names(FLAGS.output_file, shards)
+    folder, stem = os.path.split(os.path.abspath(FLAGS.output_file))
+    os.makedirs(folder, exist_ok=True)
+    with open(FLAGS.vocab_file, "rb") as f:
+        vocab_digest = hashlib.sha256(f.read()).hexdigest()
+    corpus = hashlib.sha256()
+    for line in lines:
+        corpus.update(line.encode("utf-8") + b"\n")
+    tasks = [bi.ShardTask(names[g], tuple(tuple(d) for d in documents[g::shards]),
+                          FLAGS.vocab_file, FLAGS.do_lower_case, config, ids,
+                          f"{FLAGS.random_seed}/{g}", spec)
+             for g in range(shards)]
+    plan = shard_writer.Plan(
+        os.path.join(folder, f".{os.path.splitext(stem)[0]}.manifest.json"),
+        names, shard_writer.Plan.digest_of(
+            vocab_digest, corpus.hexdigest(), dataclasses.asdict(config),
+            FLAGS.do_lower_case, [t.seed for t in tasks],
+            dataclasses.asdict(spec)))
+    kept = plan.keep()
+    todo = [tasks[g] for g in range(shards) if g not in kept]
+    work = [len(t.documents) * FLAGS.dupe_factor for t in tasks]
+    start = time.monotonic()
+    results = shard_writer.run(
+        todo, bi.write_instance_shard, unit="document",
+        total=sum(work), initial=sum(work[g] for g in kept),
+        show_progress=FLAGS.progress,
+        processes=shard_writer.processes_for(
+            FLAGS.num_threads or FLAGS.num_processes, len(todo),
+            sum(len(t.documents) for t in todo), DOCUMENTS_PER_PROCESS))
+    seconds = time.monotonic() - start
+    made = sum(r[0] for r in results)
+    instances = sum(r[1] for r in results)
+    kept_note = (f"; kept {len(kept)} complete shards of an earlier run"
+                 if kept else "")
+    print(f"wrote {instances} instances from {made} documents "
+          f"(x{FLAGS.dupe_factor} passes) in {seconds:.1f} s "
+          f"({made / max(seconds, 1e-9):.1f} documents/s, "
+          f"{instances / max(seconds, 1e-9):.1f} instances/s; vocab "
+          f"{len(vocab)}){kept_note}: {len(names)} shards: {names[0]} ...")
 
 
 if __name__ == "__main__":

@@ -8,20 +8,20 @@ Classes are numbered in the order of a labels file (one class name per
 line) or else sorted, from `label_offset`; images are shuffled with a seed
 and dealt to the shards; non-JPEG images are re-encoded as JPEG; an
 unreadable image is a one-line error naming it. Each shard is written under
-a temporary name and renamed when complete. `labels.txt` beside the shards
-lists the class of each label.
+a temporary name and renamed when complete, by writer processes (one per
+core); a rerun after a crash keeps the complete shards and writes the
+missing ones. `labels.txt` beside the shards lists the class of each label.
 """
 
-import concurrent.futures
 import dataclasses
 import os
 import random
+import time
 from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from input_pipelines import images
-from input_pipelines.record_order import index as record_index
+from input_pipelines import images, shard_writer
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 
@@ -50,7 +50,9 @@ class WriterConfig:
         bounding_box_file: "file,xmin,ymin,xmax,ymax" lines (fractions;
             TF-slim's process_bounding_boxes.py output).
         seed: Seed of the shuffle of all images before sharding.
-        num_threads: Shards written at once.
+        num_processes: Processes writing shards at once; 0: one per core,
+            but one per `IMAGES_PER_PROCESS` images at most (each process
+            imports TensorFlow, a few seconds); 1 writes in this process.
         jpeg_quality: Quality of re-encoded non-JPEG images.
     """
 
@@ -64,12 +66,13 @@ class WriterConfig:
     metadata_file: Optional[str] = None
     bounding_box_file: Optional[str] = None
     seed: int = 12345
-    num_threads: int = 4
+    num_processes: int = 0
     jpeg_quality: int = 95
 
     def __post_init__(self):
-        if self.num_shards < 1 or self.num_threads < 1:
-            raise ValueError("num_shards and num_threads must be >= 1")
+        if self.num_shards < 1 or self.num_processes < 0:
+            raise ValueError("num_shards must be >= 1 and num_processes "
+                             ">= 0")
 
 
 def read_lines(path: str) -> List[str]:
@@ -208,8 +211,64 @@ def _check_no_other_shards(config: WriterConfig, names: List[str]):
             "remove them or choose another --name")
 
 
-def write_records(config: WriterConfig) -> List[str]:
-    """Writes the shards and labels.txt; returns the shard file names."""
+IMAGES_PER_PROCESS = 500
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteResult:
+    """What `build` did: every shard's name, and how much it wrote."""
+
+    names: List[str]
+    images_written: int
+    images_kept: int
+    shards_kept: int
+    seconds: float
+
+    @property
+    def images_per_second(self) -> float:
+        return self.images_written / max(self.seconds, 1e-9)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ShardTask:
+    """One shard to write (picklable: it goes to a writer process)."""
+
+    name: str
+    items: Tuple[Tuple[str, int], ...]   # (image path, class index)
+    classes: Tuple[str, ...]
+    texts: Dict[str, str]
+    boxes: Dict[str, tuple]
+    label_offset: int
+    jpeg_quality: int
+
+
+def _write_shard(task: _ShardTask, progress) -> int:
+    """Writes one shard (a module-level function: it runs in writer
+    processes)."""
+    def records():
+        for path, index in task.items:
+            jpeg, height, width = encode(path, task.jpeg_quality)
+            synset = task.classes[index]
+            file = os.path.basename(path)
+            yield images.serialize_example(
+                jpeg, index + task.label_offset, height, width,
+                synset=synset, text=task.texts.get(synset, ""),
+                filename=file, boxes=task.boxes.get(file, ()))
+    return shard_writer.write_shard(task.name, records(), progress)
+
+
+def build(config: WriterConfig, show_progress: bool = False) -> WriteResult:
+    """Writes the shards and labels.txt.
+
+    A rerun with the same images and settings (the same digest in
+    `.NAME.manifest.json`) keeps the shards an earlier run completed and
+    writes only the missing ones: the same bytes as an uninterrupted run.
+
+    Args:
+        config: What to write.
+        show_progress: A progress bar (images, rate, ETA) on stderr.
+    """
+    start = time.monotonic()
     found, classes = find_images(config.image_dir, config.labels_file,
                                  config.image_labels_file)
     metadata = read_metadata(config.metadata_file)
@@ -228,32 +287,39 @@ def write_records(config: WriterConfig) -> List[str]:
             f"{labels_txt} numbers other classes than these images would "
             f"get; pass --labels_file={labels_txt} to number them the same "
             "way, or choose another --output_dir")
-
-    def write_shard(i):
-        # Hidden until complete, so that `NAME-*` never reads half a shard.
-        partial = os.path.join(config.output_dir,
-                               f".{os.path.basename(names[i])}.incomplete")
-        try:
-            with tf.io.TFRecordWriter(partial) as writer:
-                for path, index in found[i::shards]:
-                    jpeg, height, width = encode(path, config.jpeg_quality)
-                    synset = classes[index]
-                    file = os.path.basename(path)
-                    writer.write(images.serialize_example(
-                        jpeg, index + config.label_offset, height, width,
-                        synset=synset, text=metadata.get(synset, ""),
-                        filename=file, boxes=boxes.get(file, ())))
-        except BaseException:
-            tf.io.gfile.remove(partial)
-            raise
-        tf.io.gfile.rename(partial, names[i], overwrite=True)
-        if "://" not in names[i]:
-            record_index.write(names[i])  # the global order's offsets
-
-    with concurrent.futures.ThreadPoolExecutor(config.num_threads) as pool:
-        for future in [pool.submit(write_shard, i) for i in range(shards)]:
-            future.result()
-    with tf.io.gfile.GFile(os.path.join(config.output_dir, "labels.txt"),
-                           "w") as f:
+    tasks = []
+    for i in range(shards):
+        items = tuple((path, index) for path, index in found[i::shards])
+        files = {os.path.basename(p) for p, _ in items}
+        synsets = {classes[index] for _, index in items}
+        tasks.append(_ShardTask(
+            names[i], items, tuple(classes),
+            {k: v for k, v in metadata.items() if k in synsets},
+            {k: tuple(v) for k, v in boxes.items() if k in files},
+            config.label_offset, config.jpeg_quality))
+    plan = shard_writer.Plan(
+        os.path.join(config.output_dir, f".{config.name}.manifest.json"),
+        names, shard_writer.Plan.digest_of([
+            [os.path.basename(t.name), t.items, t.label_offset,
+             t.jpeg_quality, sorted(t.texts.items()),
+             sorted((k, [list(b) for b in v]) for k, v in t.boxes.items())]
+            for t in tasks]))
+    kept = plan.keep()
+    todo = [tasks[i] for i in range(shards) if i not in kept]
+    kept_images = sum(len(tasks[i].items) for i in kept)
+    total = sum(len(t.items) for t in todo)
+    written = sum(shard_writer.run(
+        todo, _write_shard, show_progress=show_progress, unit="image",
+        total=total + kept_images, initial=kept_images,
+        processes=shard_writer.processes_for(
+            config.num_processes, len(todo), total, IMAGES_PER_PROCESS)))
+    with tf.io.gfile.GFile(labels_txt, "w") as f:
         f.write("".join(f"{name}\n" for name in classes))
-    return names
+    return WriteResult(names, written, kept_images, len(kept),
+                       time.monotonic() - start)
+
+
+def write_records(config: WriterConfig) -> List[str]:
+    """Writes the shards and labels.txt (see `build`); returns the shard
+    file names."""
+    return build(config).names

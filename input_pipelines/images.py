@@ -129,7 +129,7 @@ def serialize_example(encoded: bytes, label: int, height: int, width: int,
     for i, key in enumerate(BBOX_KEYS):
         feature[f"image/object/bbox/{key}"] = _floats([b[i] for b in boxes])
     return tf.train.Example(features=tf.train.Features(
-        feature=feature)).SerializeToString()
+        feature=feature)).SerializeToString(deterministic=True)
 
 
 FEATURE_SPEC = {

@@ -182,7 +182,12 @@ def test_google_records_and_ours_parse_alike():
         assert a_inputs[key].dtype == tf.int32
     for key in a_labels:
         np.testing.assert_array_equal(a_labels[key], b_labels[key])
-    assert ours == google_style_record()
+    # The same message; ours serializes its feature map sorted (protobuf's
+    # deterministic mode), so records made in any process are the same bytes.
+    assert tf.train.Example.FromString(ours) == tf.train.Example.FromString(
+        google_style_record())
+    assert ours == tf.train.Example.FromString(ours).SerializeToString(
+        deterministic=True)
 
 
 def test_gelu_is_googles_tanh_approximation():

@@ -130,7 +130,8 @@ def test_writer_reads_a_flat_folder_with_one_label_per_image(folder, records,
     assert got == {file: (classes.index(synset) + 1, synset)
                    for file, synset in truth.items()}
     assert sorted(os.listdir(out)) == sorted(  # no leftovers
-        [os.path.basename(f) for f in files] + ["labels.txt", ".tfscale-index"])
+        [os.path.basename(f) for f in files] + [
+            "labels.txt", ".tfscale-index", ".validation.manifest.json"])
     assert sorted(os.listdir(os.path.join(out, ".tfscale-index"))) == sorted(
         os.path.basename(f) + ".npy" for f in files)  # the global order's
 
@@ -159,6 +160,39 @@ def test_writer_reads_a_flat_folder_with_one_label_per_image(folder, records,
         image_folder.write_records(bad)
     assert not [f for f in os.listdir(tmp_path / "bad")
                 if "incomplete" in f]
+
+
+def test_a_rerun_keeps_complete_shards_and_writes_the_same_bytes(
+        folder, tmp_path):
+    """The state a crash leaves (some shards complete, one renamed but not
+    indexed, a hidden partial file, the rest missing): the rerun writes only
+    what is missing, in writer processes, and every shard ends byte for
+    byte as an uninterrupted run wrote it."""
+    config = image_folder.WriterConfig(
+        image_dir=folder, output_dir=str(tmp_path / "whole"), num_shards=4,
+        num_processes=1)
+    whole = image_folder.build(config)
+    assert (whole.images_written, whole.shards_kept) == (
+        sum(1 for _ in read_examples(whole.names)), 0)
+    crashed = dataclasses.replace(config, output_dir=str(tmp_path / "crash"))
+    first = image_folder.build(crashed)
+    out = tmp_path / "crash"
+    names = [os.path.basename(n) for n in first.names]
+    os.remove(out / names[1])
+    os.remove(out / names[3])
+    os.remove(out / ".tfscale-index" / (names[2] + ".npy"))
+    (out / f".{names[1]}.incomplete").write_bytes(b"half a shard")
+    again = image_folder.build(dataclasses.replace(crashed, num_processes=2))
+    assert again.shards_kept == 1 and again.images_kept > 0
+    assert again.images_written + again.images_kept == whole.images_written
+    for name in names:
+        assert (out / name).read_bytes() == (
+            tmp_path / "whole" / name).read_bytes(), name
+    assert not [f for f in os.listdir(out) if f.endswith(".incomplete")]
+    # Other images or settings: nothing is kept.
+    other = image_folder.build(dataclasses.replace(crashed, seed=7,
+                                                   num_processes=1))
+    assert other.shards_kept == 0
 
 
 def context(num, index):
