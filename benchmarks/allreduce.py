@@ -13,7 +13,9 @@ For each transport and process count (all on this host; `--mpirun_args
   backend (`tfscale/mpi.py`) with Open MPI's TCP transport (`--mca btl
   tcp,self`) or its shared memory transport (the default on one host);
 - for MPI, a bare mpi4py `Allreduce` of a NumPy buffer of the same size in
-  the same run: tfscale / bare is the cost of the TensorFlow boundary;
+  the same run: tfscale / bare is the cost of the TensorFlow boundary; and
+  `tfscale.horovod`'s `hvd.allreduce` of the same size, eager and in a
+  tf.function, against the same bare figure;
 - NCCL-tests conventions: algorithm bandwidth = bytes / time, bus bandwidth
   = algbw x 2(N-1)/N (what each process's link carries in a ring);
 - the link measured in the same run as a *bidirectional* exchange of the
@@ -135,6 +137,11 @@ def analyze(rows: List[dict]) -> List[dict]:
             row["bare_busbw"] = (nbytes / row["bare_seconds"]) * 2 * (n - 1) / n
             row["tfscale_vs_bare"] = row["bare_seconds"] / row["tfscale_seconds"]
             row["fused_vs_bare"] = row["bare_seconds"] / row["fused_seconds"]
+        if "hvd_eager_seconds" in row:
+            row["hvd_eager_vs_bare"] = (row["bare_seconds"] /
+                                        row["hvd_eager_seconds"])
+            row["hvd_graph_vs_bare"] = (row["bare_seconds"] /
+                                        row["hvd_graph_seconds"])
         grpc = next((r for r in rows if r["transport"] == "grpc" and
                      r["num_workers"] == n and r["bytes"] == nbytes), None)
         if grpc and row["transport"] != "grpc":
@@ -171,6 +178,21 @@ def report(rows: List[dict], title: str) -> str:
             f"{1000 * r['tfscale_seconds']:.2f} | {r['algbw'] / 1e9:.3f} | "
             f"{r['busbw'] / 1e9:.3f} | {r['link_bandwidth'] / 1e9:.3f} | "
             f"{r['fraction_of_link']:.2f} | {bare} | {speed} | {fused} |")
+    horovod = [r for r in rows if "hvd_eager_seconds" in r]
+    if horovod:
+        lines += ["", "tfscale.horovod's `hvd.allreduce` (one float32 tensor, "
+                  "op=Sum) against bare mpi4py in the same run:", "",
+                  "| transport | N | size | bare MPI ms | hvd eager ms | "
+                  "eager / bare | hvd in tf.function ms | tf.function / "
+                  "bare |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in horovod:
+            lines.append(
+                f"| {r['transport']} | {r['num_workers']} | "
+                f"{_size(r['bytes'])} | {1000 * r['bare_seconds']:.2f} | "
+                f"{1000 * r['hvd_eager_seconds']:.2f} | "
+                f"{r['hvd_eager_vs_bare']:.2f} | "
+                f"{1000 * r['hvd_graph_seconds']:.2f} | "
+                f"{r['hvd_graph_vs_bare']:.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -4,7 +4,8 @@ For each size: the time of one all-reduce through the backend's path in
 tfscale, in a tf.function as the Trainer's step issues it, of one float32
 tensor of that size (the TensorFlow boundary alone) and of 8 tensors summing
 to it (plus the fusion buffer: concat and split), and for MPI also a bare mpi4py `Allreduce`
-of a NumPy buffer of the same size, and the link: a bidirectional exchange
+of a NumPy buffer of the same size and `tfscale.horovod.allreduce` (eager
+and in a tf.function), and the link: a bidirectional exchange
 of the same size between ranks 0 and 1 (`Sendrecv`, what one ring step
 does). Rank 0 writes JSON lines to --result_file.
 """
@@ -66,6 +67,20 @@ def tfscale_allreduce(collectives, strategy, nbytes: int, pieces: int):
     return run
 
 
+def horovod_allreduce(nbytes: int, reps: int, barrier) -> dict:
+    """`hvd.allreduce` (tfscale.horovod) of one float32 tensor: called
+    eagerly, as Horovod scripts and benchmarks do, and inside a
+    tf.function."""
+    import tfscale.horovod as hvd
+    hvd.init()
+    tensor = tf.ones([nbytes // 4], tf.float32)
+    in_graph = tf.function(lambda t: hvd.allreduce(t, op=hvd.Sum)[:1])
+    return {"hvd_eager_seconds": timed(
+                lambda: hvd.allreduce(tensor, op=hvd.Sum), reps, barrier),
+            "hvd_graph_seconds": timed(
+                lambda: in_graph(tensor).numpy(), reps, barrier)}
+
+
 def main(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--backend", choices=["mwms", "mpi"], required=True)
@@ -101,6 +116,7 @@ def main(argv):
             row["bare_seconds"] = timed(
                 lambda: comm.Allreduce(send, receive, op=MPI.SUM), reps,
                 barrier)
+            row.update(horovod_allreduce(nbytes, reps, barrier))
             peer = {0: 1, 1: 0}.get(comm.rank)
 
             def exchange():

@@ -36,6 +36,19 @@ def model_and_data(name: str, batch_size: int, image_records=None,
                     benchmark_models.ResNetConfig(image_size, 10, "uint8")),
                 keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 images.make_dataset_fn(records, spec, batch_size))
+    if name == "resnet50_synthetic":
+        # Horovod's synthetic benchmark: keras.applications ResNet-50 (1000
+        # classes, softmax) on one random batch.
+        data = tf.random.stateless_uniform(
+            [batch_size, image_size, image_size, 3], seed=[0, 0])
+        target = tf.random.stateless_uniform(
+            [batch_size, 1], seed=[0, 1], minval=0, maxval=999,
+            dtype=tf.int64)
+        return (lambda: keras.applications.ResNet50(
+                    weights=None, input_shape=(image_size, image_size, 3)),
+                keras.losses.SparseCategoricalCrossentropy(),
+                lambda context: tf.data.Dataset.from_tensors(
+                    (data, target)).repeat())
     make_model, loss_fn, batch = _synthetic(name, batch_size)
     return (make_model, loss_fn,
             lambda context: tf.data.Dataset.from_tensors(batch).repeat())
@@ -101,6 +114,8 @@ def main(argv):
     p.add_argument("--image_records", default=None,
                    help="resnet50: JPEG records (glob)")
     p.add_argument("--image_size", type=int, default=224)
+    p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"],
+                   help="sgd: SGD(0.01), as Horovod's synthetic benchmark")
     args = p.parse_args(argv)
 
     info = cluster_lib.resolve_cluster(backend=args.backend)
@@ -116,7 +131,8 @@ def main(argv):
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = make_model()
-        optimizer = keras.optimizers.Adam(1e-4)
+        optimizer = (keras.optimizers.SGD(0.01) if args.optimizer == "sgd"
+                     else keras.optimizers.Adam(1e-4))
     trainer = Trainer(
         model=model, optimizer=optimizer, loss_fn=loss_fn, strategy=strategy,
         config=TrainConfig(global_batch_size=args.global_batch_size,

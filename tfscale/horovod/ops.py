@@ -524,22 +524,26 @@ def allgather(tensor, name=None, process_set=global_process_set,
                                      name="HorovodAllgather")
         return tf.ensure_shape(gathered, [None] + x.shape[1:].as_list())
 
+    def backward(x, dy):
+        # Every rank's slice of the summed gradient is its own part.
+        summed = _grouped([dy], Sum, name + "_grad")[0]
+        firsts = allgather(tf.shape(x, out_type=tf.int64)[:1],
+                           name=name + "_grad_sizes")
+        start = tf.reduce_sum(firsts[:state.rank])
+        return summed[start:start + tf.shape(x, out_type=tf.int64)[0]]
+    return _differentiable(tensor, forward, backward)
+
+
+def _differentiable(tensor, forward, backward):
+    """`forward(tensor)`; for floating tensors with `backward(x, dy)` as its
+    gradient."""
     if not tensor.dtype.is_floating:
         return forward(tensor)
 
     @tf.custom_gradient
-    def gather(x):
-        y = forward(x)
-
-        def grad(dy):
-            # Every rank's slice of the summed gradient is its own part.
-            summed = _grouped([dy], Sum, name + "_grad")[0]
-            firsts = allgather(tf.shape(x, out_type=tf.int64)[:1],
-                               name=name + "_grad_sizes")
-            start = tf.reduce_sum(firsts[:state.rank])
-            return summed[start:start + tf.shape(x, out_type=tf.int64)[0]]
-        return y, grad
-    return gather(tensor)
+    def op(x):
+        return forward(x), lambda dy: backward(x, dy)
+    return op(tensor)
 
 
 def broadcast(tensor, root_rank: int, name=None,
@@ -570,18 +574,10 @@ def broadcast(tensor, root_rank: int, name=None,
             x.dtype, stateful=True, name="HorovodBroadcast")
         return tf.ensure_shape(result, x.shape)
 
-    if not tensor.dtype.is_floating:
-        return forward(tensor)
-
-    @tf.custom_gradient
-    def bcast(x):
-        y = forward(x)
-
-        def grad(dy):
-            summed = _grouped([dy], Sum, name + "_grad")[0]
-            return summed if state.rank == root_rank else summed * 0
-        return y, grad
-    return bcast(tensor)
+    def backward(x, dy):
+        summed = _grouped([dy], Sum, name + "_grad")[0]
+        return summed if state.rank == root_rank else summed * 0
+    return _differentiable(tensor, forward, backward)
 
 
 def _check_root(root_rank, state) -> None:
