@@ -221,3 +221,19 @@ def test_state_is_one_per_process(fresh):
     assert _state.get() is _state.get()
     hvd.shutdown()
     assert not hvd.is_initialized()
+
+
+def test_load_model_wraps_the_saved_optimizer(fresh, tmp_path):
+    hvd.init()
+    model = tf.keras.Sequential([tf.keras.Input((3,)),
+                                 tf.keras.layers.Dense(2)])
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="mse")
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = hvdk.load_model(path)
+    assert "_hvd" in loaded.optimizer.__dict__  # a DistributedOptimizer
+    assert type(loaded.optimizer).__name__ == "Adam"
+    for a, b in zip(loaded.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    loaded.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)  # still trains
