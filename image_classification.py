@@ -24,7 +24,7 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from input_pipelines import images, tfrecord
+from input_pipelines import images, service, tfrecord
 from input_pipelines.images import ImageSpec
 from input_pipelines.tfrecord import TFRecordConfig
 from models import benchmark_models
@@ -121,6 +121,9 @@ def train_and_evaluate(config: ImageClassificationConfig) -> dict:
         train_files = tfrecord.expand_files(config.train_records.input_files)
         if config.do_train:
             tfrecord.check_index(config.train_records)
+    if config.do_train and config.train_records.service:
+        with jobs.blame("data_service", service.ServiceError):
+            service.check_reachable(config.train_records.service)
     eval_files = None
     if config.eval_records:
         with jobs.blame("eval_files", tfrecord.InputError):
@@ -214,7 +217,7 @@ def _diagnose(files, records, config, error) -> str:
     if culprit:
         return (f"bad input record: {culprit} (--skip_corrupt_records "
                 "skips such records)")
-    return str(error)
+    return service.worker_message(str(error))
 
 
 def run_summary(config: ImageClassificationConfig, info, trainer, model
@@ -228,6 +231,7 @@ def run_summary(config: ImageClassificationConfig, info, trainer, model
         f"{spec.output_dtype} images, {spec.num_classes} classes, "
         f"{params / 1e6:.2f}M parameters",
         jobs.numerics_line(config.train, config.cluster),
+        "  " + tfrecord.describe_input(config.train_records),
         f"  optimizer {optim.optimizer}, lr {optim.learning_rate:g} at batch "
         f"{optim.reference_batch_size or config.train.global_batch_size} "
         f"({optim.scaling_rule} scaling, {optim.schedule}, warmup "

@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from input_pipelines import bert_records, tfrecord
+from input_pipelines import bert_records, service, tfrecord
 from input_pipelines.bert_records import BertRecordSpec, IdLimits
 from input_pipelines.tfrecord import TFRecordConfig
 from models import bert, bert_checkpoints, bert_export
@@ -115,6 +115,9 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
         train_files = tfrecord.expand_files(config.train_records.input_files)
         if config.do_train:
             tfrecord.check_index(config.train_records)
+    if config.do_train and config.train_records.service:
+        with jobs.blame("data_service", service.ServiceError):
+            service.check_reachable(config.train_records.service)
     eval_files = None
     if config.eval_records:
         with jobs.blame("eval_input_file", tfrecord.InputError):
@@ -245,7 +248,9 @@ def _diagnose(files, records, config, limits, error) -> str:
     (`records`: the failing set's TFRecordConfig)."""
     culprit = bert_records.find_bad_record(
         files, config.spec, limits, records.compression_type)
-    return f"bad input record: {culprit}" if culprit else str(error)
+    if culprit:
+        return f"bad input record: {culprit}"
+    return service.worker_message(str(error))
 
 
 # Google's eval_results.txt keys <- tfscale's evaluation logs.
@@ -277,6 +282,7 @@ def run_summary(config: PretrainingConfig, info, trainer, model) -> str:
         f"layers, hidden {config.model.hidden_size}, vocab "
         f"{config.model.vocab_size}, {params / 1e6:.2f}M parameters",
         jobs.numerics_line(config.train, config.cluster),
+        "  " + tfrecord.describe_input(config.train_records),
         f"  optimizer {optim.optimizer}, lr {optim.learning_rate:g} "
         f"({optim.schedule}, warmup {optim.warmup_steps}, scaling "
         f"{optim.scaling_rule}), {optim.total_steps} steps"])

@@ -21,7 +21,8 @@ import sys
 
 from absl import app, flags
 
-from cli import quiet_tensorflow, run_job
+from cli import (data_service_from_flags, define_data_service_flags,
+                 quiet_tensorflow, run_job)
 
 FLAGS = flags.FLAGS
 
@@ -50,7 +51,8 @@ flags.DEFINE_enum("input_order", "global", ["global", "sharded"],
                   "global: one seeded order, the same records in each global "
                   "batch on any worker count, exact resume on any count; "
                   "sharded: files dealt out per worker (for compressed or "
-                  "remote records).", **DATA)
+                  "remote records; the default with --data_service).", **DATA)
+define_data_service_flags(flags, **DATA)
 
 MODEL = _concern(2, "model")
 flags.DEFINE_string("bert_config_file", None, "Google bert_config.json.",
@@ -191,7 +193,8 @@ FLAG_OF_FIELD = {"global_batch_size": "train_batch_size",
                  "schedule": "lr_schedule", "scaling_rule": "lr_scaling",
                  "log_steps": "iterations_per_loop", "jit_compile": "xla",
                  "collective_timeout_seconds": "collective_timeout",
-                 "connect_timeout_seconds": "connect_timeout"}
+                 "connect_timeout_seconds": "connect_timeout",
+                 "order": "input_order"}
 
 
 def fail(message: str):
@@ -275,6 +278,8 @@ def config_from_flags():
         eval_records = TFRecordConfig(eval_input_file or input_file,
                                       training=False)
     try:
+        order, data_service = data_service_from_flags(
+            FLAGS, FLAGS.output_dir, FLAGS.connect_timeout)
         return PretrainingConfig(
             model=model,
             model_name=FLAGS.bert_config_file or FLAGS.model,
@@ -286,7 +291,7 @@ def config_from_flags():
                 cycle_length=FLAGS.cycle_length,
                 deterministic=FLAGS.deterministic, seed=FLAGS.seed,
                 skip_corrupt=FLAGS.skip_corrupt_records,
-                order=FLAGS.input_order),
+                order=order, service=data_service),
             optim=OptimConfig(
                 optimizer=optimizer_name, learning_rate=FLAGS.learning_rate,
                 schedule=FLAGS.lr_schedule,

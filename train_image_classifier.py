@@ -22,7 +22,8 @@ import sys
 
 from absl import app, flags
 
-from cli import quiet_tensorflow, run_job
+from cli import (data_service_from_flags, define_data_service_flags,
+                 quiet_tensorflow, run_job)
 
 FLAGS = flags.FLAGS
 
@@ -46,7 +47,9 @@ flags.DEFINE_bool("skip_corrupt_records", False, "Skip and count records "
 flags.DEFINE_enum("input_order", "global", ["global", "sharded"],
                   "global: one seeded order and crops, the same records in "
                   "each global batch on any worker count, exact resume on "
-                  "any count; sharded: files dealt out per worker.")
+                  "any count; sharded: files dealt out per worker (the "
+                  "default with --data_service).")
+define_data_service_flags(flags)
 
 flags.DEFINE_integer("train_batch_size", 256, "Global batch per step.")
 flags.DEFINE_integer("num_accumulation_steps", 1, "Micro-batches per step.")
@@ -118,6 +121,8 @@ def config_from_flags():
         if not FLAGS[name].value and (name == "output_dir" or FLAGS.do_train):
             fail(f"--{name} is required")
     try:
+        order, data_service = data_service_from_flags(
+            FLAGS, FLAGS.output_dir, FLAGS.connect_timeout)
         spec = ImageSpec(image_size=FLAGS.image_size,
                          num_classes=FLAGS.num_classes,
                          label_offset=FLAGS.label_offset,
@@ -132,7 +137,7 @@ def config_from_flags():
                 cycle_length=FLAGS.cycle_length,
                 deterministic=FLAGS.deterministic, seed=FLAGS.seed,
                 skip_corrupt=FLAGS.skip_corrupt_records,
-                order=FLAGS.input_order),
+                order=order, service=data_service),
             optim=OptimConfig(
                 optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate,
                 schedule=FLAGS.lr_schedule,
@@ -174,7 +179,7 @@ FLAG_OF_FIELD = {"global_batch_size": "train_batch_size",
                  "total_steps": "num_train_steps",
                  "warmup_steps": "num_warmup_steps",
                  "output_dtype": "image_dtype", "schedule": "lr_schedule",
-                 "scaling_rule": "lr_scaling"}
+                 "scaling_rule": "lr_scaling", "order": "input_order"}
 
 
 def flag_message(message: str) -> str:

@@ -181,8 +181,8 @@ def make_dataset_fn(records: tfrecord.TFRecordConfig, spec: BertRecordSpec,
     (`tfrecord.DatasetFn`; in the global order it can start anywhere)."""
     parse = make_parse_fn(spec, limits)
 
-    def build(input_context, start_position):
-        return tfrecord.make_dataset(records, per_replica_batch_size, parse,
+    def build(config, input_context, start_position):
+        return tfrecord.make_dataset(config, per_replica_batch_size, parse,
                                      input_context, start_position)
     return tfrecord.make_dataset_fn(records, build)
 

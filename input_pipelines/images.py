@@ -219,27 +219,35 @@ def checked_label(label, spec: ImageSpec) -> tf.Tensor:
 
 
 def make_example_fn(spec: ImageSpec, training: bool,
-                    seed: Optional[int] = None,
-                    stream: Optional[int] = None) -> Callable:
+                    seed=None, stream: Optional[int] = None,
+                    by_record: bool = False) -> Callable:
     """`fn(index, serialized) -> (image, label)` for one input pipeline.
 
     Args:
         spec: Output and augmentation.
         training: Random crop and flip (else the central crop).
-        seed: Seed of the augmentation; None: a random one.
+        seed: Seed of the augmentation (an int or an int64 scalar tensor);
+            None: a random one.
         stream: None when `index` is a global position (the global order:
             the same crops on any worker count); else this pipeline's index,
             so that workers crop differently.
+        by_record: Also mix a hash of the record into its seed: tf.data
+            service workers all run one graph and count from 0 alike.
     """
     if seed is None:
         seed = random.SystemRandom().getrandbits(31)
-    base = tf.constant(seed if stream is None else seed * 1_000_003 + stream,
-                       tf.int64)
+    base = tf.cast(seed, tf.int64)
+    if stream is not None:
+        base = base * 1_000_003 + stream
 
     def example_fn(index, serialized):
         encoded, label, boxes = parse_record(serialized)
         if training:
-            image = train_image(encoded, boxes, tf.stack([base, index]), spec)
+            key = base
+            if by_record:
+                key = tf.bitwise.bitwise_xor(key, tf.strings.to_hash_bucket_fast(
+                    serialized, 1 << 62))
+            image = train_image(encoded, boxes, tf.stack([key, index]), spec)
         else:
             image = eval_image(encoded, spec)
         return image, checked_label(label, spec)
@@ -257,7 +265,8 @@ def make_dataset(records: tfrecord.TFRecordConfig, spec: ImageSpec,
     if tfrecord.uses_global_order(records):
         stream = None
         seed = tfrecord.DEFAULT_ORDER_SEED if seed is None else seed
-    example_fn = make_example_fn(spec, records.training, seed, stream)
+    example_fn = make_example_fn(spec, records.training, seed, stream,
+                                 by_record=records.service is not None)
     return tfrecord.make_example_dataset(
         records, batch_size, example_fn, input_context,
         num_parallel_calls=num_parallel_calls,
@@ -277,8 +286,8 @@ def make_dataset_fn(records: tfrecord.TFRecordConfig, spec: ImageSpec,
                     per_replica_batch_size: int) -> Callable:
     """`fn(InputContext) -> dataset` of per-replica image batches
     (`tfrecord.DatasetFn`; in the global order it can start anywhere)."""
-    def build(input_context, start_position):
-        return make_dataset(records, spec, per_replica_batch_size,
+    def build(config, input_context, start_position):
+        return make_dataset(config, spec, per_replica_batch_size,
                             input_context, start_position=start_position)
     return tfrecord.make_dataset_fn(records, build)
 

@@ -50,12 +50,14 @@ Training reads records in one of two orders (`TFRecordConfig.order`):
 """
 
 import dataclasses
+import functools
 import os
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 import tensorflow as tf
 from absl import logging
 
+from input_pipelines import service as service_lib
 from input_pipelines.record_order import index as record_index
 from input_pipelines.record_order import partition
 from input_pipelines.record_order.reader import RecordReader, split_offsets
@@ -101,6 +103,9 @@ class TFRecordConfig:
         order: Training order: "global" (the same records in every global
             batch on any worker count; exact resume on any count) or
             "sharded" (files dealt out per worker). See the module doc.
+        service: Run the training pipeline on a tf.data service
+            (`service.py`; order "sharded" without per-worker shards: the
+            service deals out the files).
     """
 
     input_files: Union[str, Sequence[str]]
@@ -118,11 +123,17 @@ class TFRecordConfig:
     threadpool_size: Optional[int] = None
     autotune_ram_budget: Optional[int] = None
     order: str = "global"
+    service: Optional[service_lib.ServiceConfig] = None
 
     def __post_init__(self):
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got "
                              f"{self.order!r}")
+        if self.service is not None and self.order == "global":
+            raise ValueError(
+                "order 'global' reads records by number on each trainer, "
+                "which a tf.data service cannot: use order 'sharded' with "
+                "data_service")
         for name in ("cycle_length", "block_length", "parse_chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -334,19 +345,45 @@ class PositionedDatasetFn(DatasetFn):
 
 
 def make_dataset_fn(config: TFRecordConfig, build: Callable) -> DatasetFn:
-    """`build(input_context, start_position)` as a dataset_fn: positioned in
-    the global order. Fails now, on the host, naming a pattern that matches
+    """`build(config, input_context, start_position)` as a dataset_fn:
+    positioned in the global order, run by the tf.data service when the
+    config names one. Fails now, on the host, naming a pattern that matches
     nothing, rather than inside tf.data."""
     expand_files(config.input_files)
+    if config.training and config.service is not None:
+        return service_lib.ServiceDatasetFn(
+            lambda seed: build(_service_records(config, seed), None, 0),
+            config.service)
     if uses_global_order(config):
-        return PositionedDatasetFn(build)
-    return DatasetFn(build)
+        return PositionedDatasetFn(functools.partial(build, config))
+    return DatasetFn(functools.partial(build, config))
+
+
+def describe_input(config: TFRecordConfig) -> str:
+    """"input 16 files, global order (seed 7)", or where the service is."""
+    files = len(expand_files(config.input_files))
+    if config.service is not None:
+        return (f"input {files} files, read by the tf.data service at "
+                f"{config.service.address} ({config.service.processing_mode}"
+                f", job {config.service.job_name})")
+    order = "global" if uses_global_order(config) else "sharded"
+    return f"input {files} files, {order} order (seed {config.seed})"
+
+
+def _service_records(config: TFRecordConfig, seed) -> TFRecordConfig:
+    """The config a service worker's pipeline is built from: every trainer
+    must register the same graph, so a missing seed becomes a fixed one;
+    `seed` (a tensor) overrides it ("parallel_epochs")."""
+    if seed is None:
+        seed = DEFAULT_ORDER_SEED if config.seed is None else config.seed
+    return dataclasses.replace(config, seed=seed)
 
 
 def uses_global_order(config: TFRecordConfig) -> bool:
     """Training in the global order; False (with a warning) for records it
     cannot read by number (compressed, or not on a local file system)."""
-    if not config.training or config.order != "global":
+    if (not config.training or config.order != "global"
+            or config.service is not None):
         return False
     if config.compression_type:
         logging.warning("tfscale: %s records cannot be read by record number:"

@@ -401,12 +401,19 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
         threads_per_worker: Optional[int] = None, grace_seconds: float = 30.0,
         base_env: Optional[Mapping[str, str]] = None, out=None,
         backend: str = "mwms", mpirun: Optional[str] = None,
-        mpirun_args: Sequence[str] = ()) -> int:
+        mpirun_args: Sequence[str] = (), data_service_workers: int = 0,
+        data_service_dir: Optional[str] = None) -> int:
     """Runs `command` as `num_workers` workers until all succeed.
 
     `backend="mwms"` starts the processes with a TF_CONFIG each; "mpi" starts
     them as the ranks of one `mpirun` (`mpirun` and `mpirun_args` choose it
     and add options).
+
+    `data_service_workers` > 0 also starts a tf.data service (a
+    fault-tolerant dispatcher journaling to `data_service_dir`, and that
+    many workers; `launch.data_service`) for the whole run, replaces any of
+    its processes that dies, and gives the workers its address
+    (TFSCALE_DATA_SERVICE, which the entry points read).
 
     A worker that fails (crash, kill -9, or exit 143 after saving a
     preemption checkpoint) stops the attempt; while restarts remain, all
@@ -428,15 +435,18 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
         raise ValueError(f"--backend must be mwms or mpi, got {backend!r}")
     out = out or sys.stdout
     base_env = dict(os.environ if base_env is None else base_env)
+    if data_service_workers < 0:
+        raise ValueError(f"--data_service_workers must be >= 0, got "
+                         f"{data_service_workers}")
     if backend == "mpi":
         mpi_command = mpirun_command(
             command, num_workers, find_mpirun(mpirun),
             as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
             extra_args=mpirun_args)
-        env = mpi_env(base_env, threads_per_worker)
 
         def start():
-            return _MpiGroup(mpi_command, env, out)
+            return _MpiGroup(mpi_command,
+                             mpi_env(base_env, threads_per_worker), out)
     else:
         def start():
             ports = (list(range(port, port + num_workers)) if port
@@ -451,7 +461,11 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
     previous = {s: signal.signal(s, on_signal)
                 for s in (signal.SIGINT, signal.SIGTERM)}
     code = 0
+    service = None
     try:
+        if data_service_workers:
+            service = _start_service(data_service_workers, data_service_dir,
+                                     host, base_env, out)
         for attempt in range(max_restarts + 1):
             group = start()
             failure = None
@@ -490,6 +504,20 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if service is not None:
+            service.stop()
+
+
+def _start_service(num_workers, work_dir, host, base_env, out):
+    """A tf.data service for the run; its address goes into `base_env`."""
+    from launch.data_service import ADDRESS_ENV, Service
+    service = Service(num_workers, find_free_ports(1, host)[0], out,
+                      work_dir=work_dir, env=base_env)
+    base_env[ADDRESS_ENV] = service.address
+    _say(out, f"tf.data service: dispatcher {service.address} and "
+              f"{num_workers} worker(s) for the training workers "
+              f"(${ADDRESS_ENV})")
+    return service
 
 
 def _say(out, message: str):
@@ -523,6 +551,14 @@ def parse_args(argv: Sequence[str]):
     parser.add_argument("--grace_seconds", type=float, default=30.0,
                         help="seconds workers get to exit (and save a "
                              "checkpoint) after a signal before SIGKILL")
+    parser.add_argument("--data_service_workers", type=int, default=0,
+                        help="also start a tf.data service with this many "
+                             "workers on this host; the training workers "
+                             "decode on it (entry points read "
+                             "$TFSCALE_DATA_SERVICE)")
+    parser.add_argument("--data_service_dir", default=None,
+                        help="the service dispatcher's journal (default: "
+                             "a temporary directory)")
     argv = list(argv)
     if "--" not in argv:
         parser.error("put the training command after '--'")
@@ -535,6 +571,8 @@ def parse_args(argv: Sequence[str]):
         parser.error("--num_workers must be >= 1")
     if args.max_restarts < 0:
         parser.error("--max_restarts must be >= 0")
+    if args.data_service_workers < 0:
+        parser.error("--data_service_workers must be >= 0")
     return args
 
 
@@ -547,7 +585,9 @@ def main(argv=None) -> int:
                    threads_per_worker=threads,
                    grace_seconds=args.grace_seconds, backend=args.backend,
                    mpirun=args.mpirun,
-                   mpirun_args=shlex.split(args.mpirun_args))
+                   mpirun_args=shlex.split(args.mpirun_args),
+                   data_service_workers=args.data_service_workers,
+                   data_service_dir=args.data_service_dir)
     except ValueError as e:
         print(f"tfscale-launch: error: {e}", file=sys.stderr)
         return 2

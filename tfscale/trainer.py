@@ -341,7 +341,7 @@ class Trainer:
             self.model.variables + self.optimizer.variables)
         restored = None
         if self._keeper:
-            if not positioned:
+            if not positioned and _resumable(dataset_fn):
                 self._keeper.track_input(self._feed.iterator)
             if self._keeper.latest:
                 self.input_position.assign(-1)  # unless the checkpoint has it
@@ -379,6 +379,9 @@ class Trainer:
                 where = (f"position restored (global record "
                          f"{int(self.input_position.numpy())}, the same "
                          "order on any worker count)")
+            elif not _resumable(dataset_fn):
+                where = ("continues where its tf.data service is (its "
+                         "position is not in checkpoints)")
             elif self._keeper.restore_input(start):
                 where = "position restored"
             else:
@@ -588,6 +591,11 @@ class Trainer:
     def _log(self, message: str):
         if self.is_chief:
             logging.info("tfscale: %s", message)
+
+
+def _resumable(dataset_fn) -> bool:
+    """The input's iterator can be saved (a tf.data service's cannot)."""
+    return getattr(dataset_fn, "resumable", True)
 
 
 def _positioned(dataset_fn) -> bool:
