@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from input_pipelines import images, shard_writer
+from input_pipelines import images, shard_writer, tfrecord
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 
@@ -194,7 +194,7 @@ def encode(path: str, jpeg_quality: int) -> Tuple[bytes, int, int]:
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
     except tf.errors.InvalidArgumentError as e:
         raise ImageFolderError(f"{path}: not a readable image "
-                               f"({images.op_message(e)})") from None
+                               f"({tfrecord.op_message(e)})") from None
     jpeg = tf.io.encode_jpeg(image, quality=jpeg_quality).numpy()
     return jpeg, int(image.shape[0]), int(image.shape[1])
 

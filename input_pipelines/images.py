@@ -28,7 +28,6 @@ gives the same crops, and a resumed pipeline continues exactly.
 
 import dataclasses
 import random
-import re
 import sys
 from typing import Callable, Optional, Sequence, Tuple
 
@@ -294,12 +293,6 @@ def make_dataset_fn(records: tfrecord.TFRecordConfig, spec: ImageSpec,
 
 # ---- diagnosis ------------------------------------------------------------------
 
-def op_message(error: tf.errors.OpError) -> str:
-    """TensorFlow's error text without the function-node and op tags."""
-    text = re.sub(r"\{\{[^}]*\}\}\s*", "", error.message.strip())
-    return re.sub(r"\s*\[Op:\w+\]$", "", text).splitlines()[0]
-
-
 def describe_record(record: bytes, spec: ImageSpec) -> Optional[str]:
     """What is wrong with one serialized record, or None."""
     try:
@@ -324,7 +317,7 @@ def describe_record(record: bytes, spec: ImageSpec) -> Optional[str]:
     try:
         tf.io.decode_jpeg(encoded, channels=3, ratio=8)
     except tf.errors.InvalidArgumentError as e:
-        return f"image/encoded is not a readable JPEG ({op_message(e)})"
+        return f"image/encoded is not a readable JPEG ({tfrecord.op_message(e)})"
     return None
 
 

@@ -52,6 +52,7 @@ Training reads records in one of two orders (`TFRecordConfig.order`):
 import dataclasses
 import functools
 import os
+import re
 from typing import Callable, Mapping, Optional, Sequence, Union
 
 import tensorflow as tf
@@ -555,6 +556,12 @@ def count_records(name: str, compression_type: Optional[str] = None) -> int:
                          lambda n, batch: n + tf.size(batch, tf.int64)))
 
 
+def op_message(error: tf.errors.OpError) -> str:
+    """TensorFlow's error text without the function-node and op tags."""
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", error.message.strip())
+    return re.sub(r"\s*\[Op:\w+\].*$", "", text.splitlines()[0])
+
+
 def check_first_record(files: Sequence[str],
                        describe: Callable[[bytes], Optional[str]],
                        compression_type: Optional[str] = None) -> None:
@@ -573,7 +580,7 @@ def check_first_record(files: Sequence[str],
             name, compression_type=compression_type).take(1)), None)
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
         raise InputError(
-            f"{name}: {e.message.strip().splitlines()[0]}") from None
+            f"{name}: {op_message(e)}") from None
     if first is None:
         return
     problem = describe(first.numpy())
@@ -619,8 +626,8 @@ def find_bad_record(files: Sequence[str], parse_fn: Optional[Callable] = None,
                         raise
                 count += int(batch.shape[0])
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-            message = e.message.strip().splitlines()[0]
-            return f"{name}: in records {count}-{count + 255}: {message}"
+            return (f"{name}: in records {count}-{count + 255}: "
+                    f"{op_message(e)}")
     return None
 
 
