@@ -7,8 +7,10 @@ Makes patterned JPEGs at ImageNet's sizes (300-500 px, quality 90) and
 writes them as ImageNet-format records (nothing is downloaded), then times,
 in one process and interleaved over --repeats rounds (the median is kept):
 
-  ceiling        decode of the training crop alone (`decode_and_crop_jpeg`,
-                 windows sampled beforehand, JPEGs in memory), on all cores
+  ceiling        decode of the training crop (`decode_and_crop_jpeg`,
+                 windows sampled beforehand, JPEGs in memory) and its resize
+                 to the output size, on all cores: the work no pipeline can
+                 skip (decode_only: the decode alone)
   tfscale        `images.make_dataset`, the training pipeline as shipped
   naive          full decode, then crop, resize, flip, standardize, float32,
                  one image at a time (sequential map, no prefetch, and
@@ -71,6 +73,8 @@ VARIANTS = {
                              "the model)", dict(standardize=True)),
     "full_decode_then_crop": ("decode the whole JPEG, then crop (parallel)",
                               dict(full_decode=True)),
+    "flip_after_resize": ("flip the resized uint8 image instead of the "
+                          "decoded crop (fewer bytes)", dict(flip_last=True)),
 }
 
 
@@ -114,14 +118,14 @@ def _standardize(image):
 
 def tfscale_pipeline(files, spec, batch_size, num_parallel_calls=tfrecord.AUTOTUNE,
                      options=None, output_dtype=None, standardize=False,
-                     full_decode=False, order="global"):
+                     full_decode=False, order="global", flip_last=False):
     """The shipped pipeline, or it with one knob changed."""
     records = tfrecord.TFRecordConfig(files, training=True, seed=1,
                                       shuffle_buffer_size=1024, order=order)
     if output_dtype or standardize:
         spec = dataclasses.replace(spec,
                                    output_dtype=output_dtype or "float32")
-    if not (standardize or full_decode):
+    if not (standardize or full_decode or flip_last):
         ds = images.make_dataset(records, spec, batch_size,
                                  num_parallel_calls=num_parallel_calls)
     else:
@@ -130,6 +134,8 @@ def tfscale_pipeline(files, spec, batch_size, num_parallel_calls=tfrecord.AUTOTU
         def variant_fn(index, serialized):
             if full_decode:
                 return _naive_example(serialized, spec, index)
+            if flip_last:
+                return _flip_last_example(serialized, spec, index)
             image, label = example_fn(index, serialized)
             return _standardize(image), label
         ds = tfrecord.make_example_dataset(records, batch_size, variant_fn,
@@ -154,6 +160,19 @@ def _naive_example(serialized, spec, index):
     return _standardize(image), tf.cast(label - spec.label_offset, tf.int32)
 
 
+def _flip_last_example(serialized, spec, index):
+    """The shipped example with the flip after the resize."""
+    encoded, label, boxes = images.parse_record(serialized)
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(
+        tf.stack([tf.constant(1, tf.int64), index]), 2))
+    window = images.crop_window(encoded, boxes, crop_seed, spec)
+    image = tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+    image = tf.image.resize(image, [spec.image_size, spec.image_size])
+    image = tf.image.stateless_random_flip_left_right(
+        images.finish(image, spec), flip_seed)
+    return image, images.checked_label(label, spec)
+
+
 def naive_pipeline(files, spec, batch_size):
     ds = tf.data.TFRecordDataset(tf.io.gfile.glob(files)).shuffle(1024, seed=1)
     ds = ds.repeat().enumerate()
@@ -162,8 +181,10 @@ def naive_pipeline(files, spec, batch_size):
         _options(map_parallelization=False))
 
 
-def ceiling_pipeline(files, spec, batch_size):
-    """Decode of the training crops alone, JPEGs and windows in memory."""
+def ceiling_pipeline(files, spec, batch_size, resize=True):
+    """Decode of the training crops and their resize to the output size
+    (the work no pipeline can skip), JPEGs and windows in memory;
+    `resize=False`: the decode alone."""
     encoded, windows = [], []
     for index, record in enumerate(tf.data.TFRecordDataset(
             tf.io.gfile.glob(files))):
@@ -173,10 +194,12 @@ def ceiling_pipeline(files, spec, batch_size):
             jpeg, boxes, tf.constant([1, index], tf.int64), spec))
     ds = tf.data.Dataset.from_tensor_slices((tf.stack(encoded),
                                              tf.stack(windows)))
-    ds = ds.repeat().map(
-        lambda jpeg, window: tf.shape(
-            tf.image.decode_and_crop_jpeg(jpeg, window, channels=3))[0],
-        num_parallel_calls=tf.data.AUTOTUNE)
+    def work(jpeg, window):
+        image = tf.image.decode_and_crop_jpeg(jpeg, window, channels=3)
+        if resize:
+            return tf.image.resize(image, [spec.image_size, spec.image_size])
+        return tf.shape(image)[0]
+    ds = ds.repeat().map(work, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
@@ -227,7 +250,8 @@ def main(argv=None):
     p.add_argument("--images_per_class", type=int, default=64)
     p.add_argument("--variants", default="all",
                    help="comma list of " + ", ".join(
-                       ["ceiling", "naive", "model_garden", *VARIANTS]))
+                       ["ceiling", "decode_only", "naive", "model_garden",
+                       *VARIANTS]))
     p.add_argument("--model_garden_dir", default="runs/model_garden")
     p.add_argument("--no_model_garden", action="store_true")
     args = p.parse_args(argv)
@@ -238,6 +262,8 @@ def main(argv=None):
                             num_classes=args.num_classes)
     builders = {"ceiling": lambda: ceiling_pipeline(files, spec,
                                                     args.batch_size),
+                "decode_only": lambda: ceiling_pipeline(
+                    files, spec, args.batch_size, resize=False),
                 "naive": lambda: naive_pipeline(files, spec, args.batch_size)}
     for name, (_, kwargs) in VARIANTS.items():
         builders[name] = (lambda kw=kwargs: tfscale_pipeline(
@@ -277,7 +303,9 @@ def report(rates, args, garden_note) -> str:
              f"(images/s)", "",
              "| pipeline | what changes | images/s | vs ceiling | "
              "vs tfscale |", "|---|---|---:|---:|---:|"]
-    what = {"ceiling": "decode of the crop alone, in memory, all cores",
+    what = {"ceiling": "decode of the crop + resize to the output size, "
+                       "in memory, all cores",
+            "decode_only": "decode of the crop alone (the old ceiling)",
             "naive": "full decode, crop, standardize; one at a time, no "
                      "prefetch",
             "model_garden": "Model Garden classification_input (float32 out)",

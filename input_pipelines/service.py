@@ -77,6 +77,8 @@ class ServiceConfig:
             worker; less network, more trainer CPU) or "none".
         connect_timeout_seconds: How long to wait for the dispatcher to
             answer before failing.
+        max_outstanding_requests: Batches a trainer asks for at once
+            (None: TensorFlow's default, one per service worker).
     """
 
     address: str
@@ -84,6 +86,7 @@ class ServiceConfig:
     job_name: str = "tfscale-train"
     compression: str = "none"
     connect_timeout_seconds: float = 120.0
+    max_outstanding_requests: Optional[int] = None
 
     def __post_init__(self):
         host, port = split_address(self.address)
@@ -160,7 +163,8 @@ def distribute(dataset: tf.data.Dataset, config: ServiceConfig
     ds = dataset.apply(tf.data.experimental.service.distribute(
         processing_mode=config.processing_mode, service=config.target,
         job_name=config.job_name,
-        compression="AUTO" if config.compression == "auto" else None))
+        compression="AUTO" if config.compression == "auto" else None,
+        max_outstanding_requests=config.max_outstanding_requests))
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
