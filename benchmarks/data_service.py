@@ -55,26 +55,46 @@ def measure(setup: str, files: str, args, round_: int) -> dict:
                "--compression", compression,
                "--job_name", f"{setup}-{round_}"]
     service = None
-    with open(os.devnull, "w") as quiet:
-        if workers:
-            service = Service(workers, find_free_ports(1)[0], quiet)
-            command += ["--data_service", service.address]
-        try:
-            before = _service_cpu(service)
-            result = subprocess.run(command, capture_output=True, text=True,
-                                    timeout=900)
-            after = _service_cpu(service)
-        finally:
-            if service:
-                service.stop()
+    if workers:
+        lines = _Lines()
+        service = Service(workers, find_free_ports(1)[0], lines)
+        command += ["--data_service", service.address]
+        lines.wait_for(workers + 1)  # serving: TF's import is not counted
+    try:
+        before = _service_cpu(service)
+        result = subprocess.run(command, capture_output=True, text=True,
+                                timeout=900)
+        after = _service_cpu(service)
+    finally:
+        if service:
+            service.stop()
     if result.returncode:
         raise RuntimeError(f"{setup}: {result.stderr[-3000:]}")
     row = json.loads(result.stdout.strip().splitlines()[-1])
-    # The service's CPU over the whole trainer run (warm-up included),
-    # per image the trainer received.
+    # The service's CPU from its servers' start to the trainer's end
+    # (warm-up batches included), per image the trainer received.
     images = (args.batches + args.warmup_batches) * args.batch_size
     row["service_cpu_ms_per_image"] = 1000 * (after - before) / images
     return row
+
+
+class _Lines:
+    """The service's output, counted: each process says one line once its
+    server runs."""
+
+    def __init__(self):
+        self.started = 0
+
+    def write(self, text):
+        self.started += text.count("tf.data service ")
+
+    def flush(self):
+        pass
+
+    def wait_for(self, count, timeout=120):
+        deadline = time.monotonic() + timeout
+        while self.started < count and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def _service_cpu(service) -> float:
@@ -98,7 +118,8 @@ def report(rows: dict, args) -> str:
             f"| {setup} | {m['images_per_second']:.1f} | "
             f"{m['images_per_second'] / local['images_per_second']:.2f} | "
             f"{m['cpu_ms_per_image']:.3f} | "
-            f"{local['cpu_ms_per_image'] / m['cpu_ms_per_image']:.1f}x less |"
+            + (f"{local['cpu_ms_per_image'] / m['cpu_ms_per_image']:.1f}x "
+               "less |" if setup != "local" else "(baseline) |") +
             f" {m['service_cpu_ms_per_image']:.3f} |")
     lines += ["", "Rounds (images/s, trainer CPU ms/image):"]
     for setup, runs in rows.items():

@@ -38,16 +38,24 @@ What the service trades away, against the global order:
     after the last checkpoint are not delivered again; if the service was
     restarted too, its epoch starts over.
 
-`launch.local --data_service_workers K` starts a fault-tolerant dispatcher
-and K workers next to the training workers and tells them its address
-(`ADDRESS_ENV`); `launch/slurm_data_service.sbatch` puts the service on
-nodes of its own (`launch/data_service.py` runs the servers).
+The servers: `python -m input_pipelines.service dispatcher --port P
+--work_dir DIR` and `... worker --dispatcher HOST:P`. The dispatcher runs in
+TensorFlow's fault-tolerant mode: it journals its state to the work
+directory, so a restarted dispatcher (same port, same directory) resumes
+its jobs; a worker that stops heartbeating is dropped after
+`WORKER_TIMEOUT_SECONDS` while the trainers read from the others.
+`launch.local --data_service_workers K` starts a dispatcher and K workers
+beside the training workers, replaces any that dies and tells the trainers
+the address (`ADDRESS_ENV`); `launch/slurm_data_service.sbatch` puts the
+service on nodes of its own.
 """
 
+import argparse
 import dataclasses
 import os
 import re
 import socket
+import sys
 import time
 from typing import Callable, Optional
 
@@ -214,3 +222,80 @@ def worker_message(message: str) -> str:
     if not found:
         return message
     return f"tf.data service worker {found.group(1)}: {found.group(2)}"
+
+
+# ---- the servers: python -m input_pipelines.service dispatcher|worker -------
+
+# A dead worker is dropped (and its tasks given up) after this long.
+WORKER_TIMEOUT_SECONDS = 10.0
+HEARTBEAT_SECONDS = 1.0
+
+
+def run_dispatcher(port: int, work_dir: str,
+                    worker_timeout: float = WORKER_TIMEOUT_SECONDS) -> None:
+    service = tf.data.experimental.service
+    server = service.DispatchServer(service.DispatcherConfig(
+        port=port, work_dir=work_dir, fault_tolerant_mode=True,
+        worker_timeout_ms=int(worker_timeout * 1000)))
+    print(f"tf.data service dispatcher at {socket.gethostname()}:{port} "
+          f"(state in {work_dir})", flush=True)
+    server.join()
+
+
+def run_worker(dispatcher: str, port: int = 0,
+                host: Optional[str] = None) -> None:
+    service = tf.data.experimental.service
+    host = host or _worker_host(dispatcher)
+    server = service.WorkerServer(service.WorkerConfig(
+        dispatcher_address=dispatcher.split("://", 1)[-1], port=port,
+        worker_address=f"{host}:%port%",
+        heartbeat_interval_ms=int(HEARTBEAT_SECONDS * 1000)))
+    print(f"tf.data service worker of {dispatcher} (pid {os.getpid()})",
+          flush=True)
+    server.join()
+
+
+def _worker_host(dispatcher: str) -> str:
+    """The name trainers reach this worker by: "localhost" beside a local
+    dispatcher, else this host's name."""
+    host = dispatcher.split("://", 1)[-1].rpartition(":")[0]
+    if host in ("localhost", "127.0.0.1", "::1", "[::1]"):
+        return "localhost"
+    return socket.gethostname()
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m input_pipelines.service",
+        description="Runs a tf.data service dispatcher or worker.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    dispatcher = commands.add_parser("dispatcher", help="run a dispatcher")
+    dispatcher.add_argument("--port", type=int, required=True)
+    dispatcher.add_argument("--work_dir", required=True,
+                            help="its journal (fault-tolerant mode): a "
+                                 "restart with the same one resumes")
+    dispatcher.add_argument("--worker_timeout", type=float,
+                            default=WORKER_TIMEOUT_SECONDS,
+                            help="seconds before a silent worker is dropped")
+    worker = commands.add_parser("worker", help="run a worker")
+    worker.add_argument("--dispatcher", required=True, help="HOST:PORT")
+    worker.add_argument("--port", type=int, default=0,
+                        help="its port (default: a free one)")
+    worker.add_argument("--host", default=None,
+                        help="the name trainers reach it by (default: "
+                             "localhost beside a local dispatcher, else "
+                             "this host's name)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "dispatcher":
+        run_dispatcher(args.port, args.work_dir, args.worker_timeout)
+    else:
+        run_worker(args.dispatcher, args.port, args.host)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

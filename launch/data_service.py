@@ -1,29 +1,15 @@
-"""The tf.data service's processes: run one, or keep a set of them alive.
-
-    python -m launch.data_service dispatcher --port 5050 --work_dir DIR
-    python -m launch.data_service worker --dispatcher HOST:5050
-
-A dispatcher keeps the service's state and deals out the work; a worker
-registers with it, runs the pipelines it is given and serves their batches
-to the trainers (`input_pipelines/service.py`). The dispatcher runs in
-TensorFlow's fault-tolerant mode: it journals its state to `--work_dir`, so
-a restarted dispatcher (same port, same directory) picks the jobs up again,
-and a worker that dies is dropped after `--worker_timeout` seconds while the
-trainers go on reading from the others.
+"""A tf.data service on this host, kept alive for a run.
 
 `Service` (used by `launch.local --data_service_workers K`) starts a
-dispatcher and K workers on this host and replaces any that dies; the SLURM
-template `launch/slurm_data_service.sbatch` runs the same commands on nodes
-of their own.
-
-Only the `dispatcher` and `worker` commands import TensorFlow; `Service` is
-plain process management, as is the rest of `launch`.
+dispatcher and K workers as processes of their own
+(`python -m input_pipelines.service dispatcher|worker`, see there) and
+replaces any that dies; the SLURM template `launch/slurm_data_service.sbatch`
+runs the same commands on nodes of their own. Plain process management, as
+is the rest of `launch`: no TensorFlow here.
 """
 
-import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,52 +19,6 @@ from typing import List, Optional
 
 # `input_pipelines.service.ADDRESS_ENV` (not imported: no TensorFlow here).
 ADDRESS_ENV = "TFSCALE_DATA_SERVICE"
-# A dead worker is dropped (and its tasks given up) after this long.
-WORKER_TIMEOUT_SECONDS = 10.0
-HEARTBEAT_SECONDS = 1.0
-
-
-def _tensorflow():
-    """TensorFlow, loaded without the GPU-probe noise of a CPU host."""
-    from cli import quiet_tensorflow
-    quiet_tensorflow(0)
-    import tensorflow as tf
-    return tf
-
-
-def dispatcher_main(port: int, work_dir: str,
-                    worker_timeout: float = WORKER_TIMEOUT_SECONDS) -> None:
-    tf = _tensorflow()
-    service = tf.data.experimental.service
-    server = service.DispatchServer(service.DispatcherConfig(
-        port=port, work_dir=work_dir, fault_tolerant_mode=True,
-        worker_timeout_ms=int(worker_timeout * 1000)))
-    print(f"tf.data service dispatcher at {socket.gethostname()}:{port} "
-          f"(state in {work_dir})", flush=True)
-    server.join()
-
-
-def worker_main(dispatcher: str, port: int = 0,
-                host: Optional[str] = None) -> None:
-    tf = _tensorflow()
-    service = tf.data.experimental.service
-    host = host or _worker_host(dispatcher)
-    server = service.WorkerServer(service.WorkerConfig(
-        dispatcher_address=dispatcher.split("://", 1)[-1], port=port,
-        worker_address=f"{host}:%port%",
-        heartbeat_interval_ms=int(HEARTBEAT_SECONDS * 1000)))
-    print(f"tf.data service worker of {dispatcher} (pid {os.getpid()})",
-          flush=True)
-    server.join()
-
-
-def _worker_host(dispatcher: str) -> str:
-    """The name trainers reach this worker by: "localhost" beside a local
-    dispatcher, else this host's name."""
-    host = dispatcher.split("://", 1)[-1].rpartition(":")[0]
-    if host in ("localhost", "127.0.0.1", "::1", "[::1]"):
-        return "localhost"
-    return socket.gethostname()
 
 
 class Service:
@@ -109,7 +49,7 @@ class Service:
         self._env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self._lock = threading.Lock()
         self._stopping = False
-        module = [sys.executable, "-m", "launch.data_service"]
+        module = [sys.executable, "-m", "input_pipelines.service"]
         self._commands = [module + ["dispatcher", "--port", str(port),
                                     "--work_dir", self.work_dir]]
         self._commands += [module + ["worker", "--dispatcher", self.address]
@@ -134,9 +74,11 @@ class Service:
         return proc
 
     def _pump(self, name: str, proc):
+        from cli import CPU_HOST_NOISE
         for raw in iter(proc.stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            self._say(f"[{name}] {line}")
+            if not any(noise in line for noise in CPU_HOST_NOISE):
+                self._say(f"[{name}] {line}")
 
     def _say(self, line: str):
         with self._lock:
@@ -180,40 +122,3 @@ class Service:
         if self._own_dir:
             import shutil
             shutil.rmtree(self.work_dir, ignore_errors=True)
-
-
-def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog="python -m launch.data_service",
-        description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    dispatcher = commands.add_parser("dispatcher", help="run a dispatcher")
-    dispatcher.add_argument("--port", type=int, required=True)
-    dispatcher.add_argument("--work_dir", required=True,
-                            help="its journal (fault-tolerant mode): a "
-                                 "restart with the same one resumes")
-    dispatcher.add_argument("--worker_timeout", type=float,
-                            default=WORKER_TIMEOUT_SECONDS,
-                            help="seconds before a silent worker is dropped")
-    worker = commands.add_parser("worker", help="run a worker")
-    worker.add_argument("--dispatcher", required=True, help="HOST:PORT")
-    worker.add_argument("--port", type=int, default=0,
-                        help="its port (default: a free one)")
-    worker.add_argument("--host", default=None,
-                        help="the name trainers reach it by (default: "
-                             "localhost beside a local dispatcher, else "
-                             "this host's name)")
-    return parser.parse_args(argv)
-
-
-def main(argv=None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command == "dispatcher":
-        dispatcher_main(args.port, args.work_dir, args.worker_timeout)
-    else:
-        worker_main(args.dispatcher, args.port, args.host)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -411,7 +411,7 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
 
     `data_service_workers` > 0 also starts a tf.data service (a
     fault-tolerant dispatcher journaling to `data_service_dir`, and that
-    many workers; `launch.data_service`) for the whole run, replaces any of
+    many workers; `launch.data_service`, `input_pipelines.service`) for the whole run, replaces any of
     its processes that dies, and gives the workers its address
     (TFSCALE_DATA_SERVICE, which the entry points read).
 

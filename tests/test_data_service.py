@@ -85,10 +85,13 @@ def test_processing_modes_count_every_record_per_epoch(dispatcher, id_records,
     assert set(counts.values()) == {copies}, counts
 
 
-def test_training_batches_come_from_the_service(dispatcher, id_records):
+@pytest.mark.parametrize("mode", service.PROCESSING_MODES)
+def test_training_batches_come_from_the_service(dispatcher, id_records, mode):
     """The training pipeline as the entry points build it, repeating: every
-    record comes back epoch after epoch; no position is saved for it."""
-    config = service.ServiceConfig(dispatcher, job_name="training")
+    record comes back epoch after epoch; no position is saved for it.
+    (parallel_epochs: each service worker draws its own shuffle seed.)"""
+    config = service.ServiceConfig(dispatcher, job_name=f"training-{mode}",
+                                   processing_mode=mode)
     records = tfrecord.TFRecordConfig(id_records, training=True, seed=3,
                                       order="sharded", service=config,
                                       shuffle_buffer_size=8)
