@@ -182,7 +182,7 @@ def train_and_evaluate(config: ImageClassificationConfig) -> dict:
             json.dump(results, f, indent=2)
         print(jobs.done_summary("tfscale train_image_classifier", results,
                                 "images"), flush=True)
-    trainer.barrier()
+    trainer.leave_together()
     return results
 
 

@@ -193,7 +193,7 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
         print(jobs.done_summary("tfscale run_pretraining", results),
               flush=True)
     # Exit together, once the chief's files are written.
-    trainer.barrier()
+    trainer.leave_together()
     return results
 
 

@@ -9,6 +9,7 @@ ends; files are written by the chief only.
 
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -203,3 +204,16 @@ def test_unreachable_peer_fails_within_the_connect_timeout(tmp_path):
     from tests.test_launch import processes_mentioning
     assert processes_mentioning(str(tmp_path)) == []  # no worker left
     assert processes_mentioning("_watchdog.py") == []  # nor its watchdog
+
+
+def test_three_workers_leave_together_when_the_chief_is_last_to_finish():
+    """The chief arrives last at the end (as after an export) and the other
+    workers report leaving late: every worker exits 0, the chief last.
+    (A chief that left right after the barrier takes the coordination
+    service with it; the late reports then fail, exit 1.)"""
+    _, output = run_workers(3, ["tests.workers.leave_together",
+                                "--chief_seconds", "1",
+                                "--report_delay", "2"], timeout=120)
+    left = re.findall(r"^\[worker \d\] left (\d)$", output, re.MULTILINE)
+    assert sorted(left) == ["0", "1", "2"]
+    assert left[-1] == "0", output

@@ -239,3 +239,19 @@ def allow_calling_optimizer_variables() -> None:
         return CallableList(prop.fget(self))
     variables._tfscale_callable = True
     setattr(cls, "variables", property(variables, doc=prop.__doc__))
+
+def coordination_service():
+    """This process's coordination-service agent, as the eager context (it
+    has `wait_at_barrier`, `set_config_key_value` and
+    `get_config_key_value`), or None when no service is configured.
+
+    MultiWorkerMirroredStrategy starts TensorFlow's coordination service
+    (its leader is task 0) for any cluster from TF_CONFIG or SLURM; its
+    barriers and key-value store are reachable only through the private
+    eager context (tensorflow/python/eager/context.py).
+    """
+    from tensorflow.python.eager import context
+    ctx = context.context()
+    if not ctx.coordination_service:
+        return None
+    return ctx

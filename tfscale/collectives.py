@@ -7,7 +7,10 @@ workers only through this interface:
     all_reduce(values)      inside a replica context: the sums over all
                             replicas of a list of tensors
     agree(value)            on the host: the sum over workers of one float
-                            (flags, barriers); every worker must call it
+                            (flags); every worker must call it
+    barrier()               on the host: returns when every worker called it
+    leave_together()        the last call before the process exits: returns
+                            when no worker needs this one any more
     broadcast_from_chief(variables)
                             the chief's values everywhere (a fresh start)
     reduces_metrics         whether metric states are local to each
@@ -25,11 +28,17 @@ Two implementations:
 from typing import Optional
 
 import tensorflow as tf
+from absl import logging
 
 from tfscale import _compat
 from tfscale.cluster import chief_and_worker_count, worker_index
 
 BACKENDS = ("mwms", "mpi")
+
+# A barrier with no collective timeout configured waits this long.
+_NO_TIMEOUT_SECONDS = 24 * 3600
+# How long the chief waits for the others to leave the last barrier.
+_LEAVE_TIMEOUT_MS = 60_000
 
 
 class StrategyCollectives:
@@ -45,6 +54,9 @@ class StrategyCollectives:
         self.num_replicas = strategy.num_replicas_in_sync
         self._options = _compat.communication_options(strategy)
         self._sum = tf.function(self._sum_fn)
+        timeout = getattr(self._options, "timeout_seconds", None)
+        self._timeout_ms = int(1000 * (timeout or _NO_TIMEOUT_SECONDS))
+        self._barriers = 0
 
     def all_reduce(self, values):
         return tf.distribute.get_replica_context().all_reduce(
@@ -66,8 +78,58 @@ class StrategyCollectives:
         """Nothing to do: the strategy synchronized them when created."""
 
     def barrier(self) -> None:
-        """Returns when every worker has called it."""
-        self.agree(0.0)
+        """Returns when every worker has called it.
+
+        A barrier of the coordination service (on task 0), not an
+        all-reduce: a worker that has finished a collective may still be
+        serving its part of it to a slower peer (the ring's RecvBuf), so a
+        collective cannot tell a worker that the others are done with it.
+        Once every worker has reached this barrier, every earlier collective
+        is complete everywhere.
+        """
+        if self.num_workers == 1:
+            return
+        service = _compat.coordination_service()
+        if service is None:  # (MWMS without a cluster has one worker)
+            self.agree(0.0)
+            return
+        self._barriers += 1
+        service.wait_at_barrier(f"tfscale/barrier/{self._barriers}",
+                                self._timeout_ms)
+
+    def leave_together(self) -> None:
+        """The last call before this process exits: returns once no other
+        worker needs it.
+
+        Every worker passes a barrier (so every collective is complete), and
+        the chief, which hosts the coordination service, then waits until
+        each other worker has reported that it left the barrier: had it
+        exited at once, a peer still waiting for the barrier's answer would
+        lose its connection and fail. (With an all-reduce as the last
+        barrier, one of three workers once failed so, "RingReduce ...
+        Socket closed" in a RecvBuf from the chief that had just exited.)
+        The work is done by then: a chief that waits in vain logs it and
+        leaves.
+        """
+        if self.num_workers == 1:
+            return
+        self.barrier()
+        service = _compat.coordination_service()
+        if service is None:
+            return
+        if not self.is_chief:
+            service.set_config_key_value(
+                f"tfscale/left/{self.worker_index}", "1")
+            return
+        for index in range(1, self.num_workers):
+            try:
+                service.get_config_key_value(f"tfscale/left/{index}",
+                                             _LEAVE_TIMEOUT_MS)
+            except tf.errors.OpError as e:
+                logging.warning("tfscale: worker %d did not report leaving "
+                                "the last barrier (%s); exiting anyway",
+                                index, str(e).splitlines()[0])
+                return
 
 
 def make(backend: str, strategy, timeout_seconds: Optional[float] = 300.0,

@@ -183,6 +183,11 @@ class MpiCollectives:
     def barrier(self) -> None:
         self.comm.Barrier()
 
+    def leave_together(self) -> None:
+        """A barrier: `MPI_Finalize`, which every rank calls on its way out
+        (`cli.leave`), completes whatever communication is still pending."""
+        self.barrier()
+
     def broadcast_from_chief(self, variables) -> None:
         """Assigns rank 0's values to `variables` on every rank.
 

@@ -501,7 +501,7 @@ class Trainer:
                 self._save()
                 # Exit together: an MPI launcher ends the job as soon as one
                 # rank exits, possibly before the chief's checkpoint is done.
-                self.barrier()
+                self.leave_together()
                 self._log(f"preempted (SIGTERM): saved step {step}, exiting "
                           "with code 143")
                 raise Preempted(step, self.checkpoint_path)
@@ -580,13 +580,17 @@ class Trainer:
                 self.checkpoint_path = path
 
     def barrier(self) -> None:
-        """Returns when every worker has called it (one tiny all-reduce).
-
-        E.g. at the very end, after the chief's last writes, so that workers
-        exit together rather than one after another (a coordination service
-        whose peer exits first reports it as crashed)."""
+        """Returns when every worker has called it."""
         if self.num_workers > 1:
             self.collectives.barrier()
+
+    def leave_together(self) -> None:
+        """The last call before this process exits (after the chief's last
+        writes): returns when no other worker needs this one any more, so
+        that no worker fails on a peer that left first (see
+        `collectives.StrategyCollectives.leave_together`)."""
+        if self.num_workers > 1:
+            self.collectives.leave_together()
 
     def _log(self, message: str):
         if self.is_chief:
