@@ -1,6 +1,6 @@
-"""The tf.data service path: a real dispatcher and two real workers (gRPC
-servers in this process), the real image pipelines, two trainers reading
-one job. The multi-process run (launch.local starting the service, a
+"""The tf.data service path: a real dispatcher and two real workers (the
+processes `python -m input_pipelines.service` runs), the real image
+pipelines, two trainers reading one job. The multi-process run (launch.local starting the service, a
 service worker killed mid-run) is in test_images.py."""
 
 import collections
@@ -21,18 +21,41 @@ NUM_IDS = 24
 SPEC = images.ImageSpec(image_size=16, num_classes=NUM_IDS)
 
 
+class _Lines:
+    """The service's prefixed output, kept (and passed on on failure)."""
+
+    def __init__(self):
+        self.lines = []
+
+    def write(self, text):
+        self.lines.append(text)
+
+    def flush(self):
+        pass
+
+
 @pytest.fixture(scope="module")
-def dispatcher():
-    """A dispatcher with two workers; its "host:port"."""
-    svc = tf.data.experimental.service
-    server = svc.DispatchServer(svc.DispatcherConfig(port=0))
-    address = server.target.split("://", 1)[1]
-    workers = [svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address))
-               for _ in range(2)]
-    yield address
-    for worker in workers:
-        worker.stop()
-    server.stop()
+def dispatcher(tmp_path_factory):
+    """A dispatcher and two workers, processes started as `launch.local
+    --data_service_workers 2` starts them; the dispatcher's "host:port".
+    (Ended by a signal: an in-process server's stop() waits for its jobs'
+    endless training streams, 10-20 s per worker.)"""
+    from launch.data_service import Service
+    from launch.local import find_free_ports
+    from tests.conftest import REPO
+    output = _Lines()
+    started = Service(2, find_free_ports(1)[0], output,
+                      work_dir=str(tmp_path_factory.mktemp("journal")),
+                      env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        deadline = time.monotonic() + 120
+        while sum("] tf.data service worker of" in line
+                  for line in output.lines) < 2:
+            assert time.monotonic() < deadline, "".join(output.lines)
+            time.sleep(0.1)
+        yield started.address
+    finally:
+        started.stop()
 
 
 @pytest.fixture(scope="module")

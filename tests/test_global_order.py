@@ -1,9 +1,11 @@
 """The same run at any scale, on the real path: run_pretraining.py through
 launch.local, BERT without dropout on shuffled records made by the writer,
---deterministic. 1, 2, 3 and 4 workers end at the same weights (within
-float summation order), and runs cut at step 6 on 2 workers and resumed on
-3, or cut on 3 and resumed on 1, end there too: the input position is a
-global record position, restored in O(1) on any worker count.
+--deterministic. 1, 2 and 3 workers end at the same weights (within float
+summation order), and a run cut at step 6 on 3 workers and resumed on 2
+ends there too: the input position is a global record position, restored
+in O(1) on any worker count. (4 workers and more, and other resume pairs,
+are counted record by record in test_record_order.py; 2 -> 1 -> 2 workers
+resume in test_multiworker.py.)
 
 (Record-level promises, every record once per epoch and the same ids in
 every global batch for 1-8 workers, are counted in test_record_order.py on
@@ -57,22 +59,22 @@ def assert_same_run(reference, other, label):
                                    err_msg=f"{label}: {key}")
 
 
-def test_one_to_four_workers_and_resumes_across_counts_end_at_the_same_weights(
+def test_one_to_three_workers_and_a_resume_across_counts_end_at_the_same_weights(
         corpus, tmp_path):  # noqa: F811
     config = json.loads((corpus / "bert_config.json").read_text())
     config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     (corpus / "no_dropout.json").write_text(json.dumps(config))
     runs = {}
-    for workers in (1, 2, 3, 4):
+    for workers in (1, 2, 3):
         out = tmp_path / f"w{workers}"
         run_pretraining(workers, args(corpus, out))
         runs[workers] = out
     reference = state(runs[1])
     assert int(reference["input_position/.ATTRIBUTES/VARIABLE_VALUE"]) == (
         STEPS * GLOBAL_BATCH)
-    for workers in (2, 3, 4):
+    for workers in (2, 3):
         assert_same_run(reference, state(runs[workers]), f"{workers} workers")
-    for before, after in ((2, 3), (3, 1)):
+    for before, after in ((3, 2),):
         out = tmp_path / f"r{before}{after}"
         cut_at(runs[before], out, CUT)
         _, output = run_pretraining(after, args(corpus, out))
