@@ -3,9 +3,9 @@ launch.local, BERT without dropout on shuffled records made by the writer,
 --deterministic. 1, 2 and 3 workers end at the same weights (within float
 summation order), and a run cut at step 6 on 3 workers and resumed on 2
 ends there too: the input position is a global record position, restored
-in O(1) on any worker count. (4 workers and more, and other resume pairs,
-are counted record by record in test_record_order.py; 2 -> 1 -> 2 workers
-resume in test_multiworker.py.)
+in O(1) on any worker count. (The same global batches on 1-8 workers and
+resumes from 2 on 1, 3 and 4 are counted record by record in
+test_record_order.py; 2 -> 1 -> 2 workers resume in test_multiworker.py.)
 
 (Record-level promises, every record once per epoch and the same ids in
 every global batch for 1-8 workers, are counted in test_record_order.py on

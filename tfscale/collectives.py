@@ -109,7 +109,9 @@ class StrategyCollectives:
         barrier, one of three workers once failed so, "RingReduce ...
         Socket closed" in a RecvBuf from the chief that had just exited.)
         The work is done by then: a chief that waits in vain logs it and
-        leaves.
+        leaves, and a worker whose report finds the chief gone (it can
+        leave between storing the last report and answering it) leaves
+        too.
         """
         if self.num_workers == 1:
             return
@@ -118,8 +120,14 @@ class StrategyCollectives:
         if service is None:
             return
         if not self.is_chief:
-            service.set_config_key_value(
-                f"tfscale/left/{self.worker_index}", "1")
+            try:
+                service.set_config_key_value(
+                    f"tfscale/left/{self.worker_index}", "1")
+            except tf.errors.UnavailableError:
+                # The chief stored the report and left before its answer
+                # arrived (or gave up waiting): either way, nobody needs
+                # this worker any more.
+                pass
             return
         for index in range(1, self.num_workers):
             try:

@@ -3,8 +3,8 @@
 The chief first spends `--chief_seconds` alone (as when it exports a model);
 every other worker waits `--report_delay` seconds before it reports leaving
 the last barrier, so a chief that exited right after the barrier would take
-the coordination service away from under it. Prints "left <index>" and
-exits through `cli.leave`.
+the coordination service away from under it. Prints when each worker
+reports and leaves, and exits through `cli.leave`.
 """
 
 import argparse
@@ -45,11 +45,13 @@ def main():
 
         def late_report(key, value):
             time.sleep(args.report_delay)
+            print(f"reporting {workers.worker_index} at {time.time():.6f}",
+                  flush=True)
             report(key, value)
 
         service.set_config_key_value = late_report
     workers.leave_together()
-    print(f"left {workers.worker_index}", flush=True)
+    print(f"left {workers.worker_index} at {time.time():.6f}", flush=True)
     cli.leave(0)
 
 
