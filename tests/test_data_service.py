@@ -1,7 +1,8 @@
 """The tf.data service path: a real dispatcher and two real workers (the
 processes `python -m input_pipelines.service` runs), the real image
-pipelines, two trainers reading one job. The multi-process run (launch.local starting the service, a
-service worker killed mid-run) is in test_images.py."""
+pipelines, two trainers reading one job. The multi-process run
+(launch.local starting the service, a service worker killed mid-run) is in
+test_images.py."""
 
 import collections
 import dataclasses

@@ -1,8 +1,8 @@
 """Google's and NVIDIA's run_pretraining.py command lines carry over.
 
 Google's README pretraining command runs unchanged (on 2 workers) and
-writes Google's `eval_results.txt` once; an eval-only run from the checkpoint (with NVIDIA's flag
-names) reproduces the same metrics; a TF1 checkpoint with Google's names
+writes Google's `eval_results.txt` once; an eval-only run from the
+checkpoint (with NVIDIA's flag names) reproduces the same metrics; a TF1 checkpoint with Google's names
 evaluates exactly as a NumPy implementation of Google's model on the same
 records; `--use_tpu=True` and a checkpoint of another vocabulary are one-line
 errors.
