@@ -85,38 +85,31 @@ def run_job(program: str, job: Callable, config) -> None:
     except Preempted as e:
         print(f"{program}: {e}", file=sys.stderr)
         leave(e.code)
-    except Exception:  # noqa: BLE001 - reported, then the same fast exit
+    except Exception as e:  # noqa: BLE001 - reported, then the same fast exit
+        from tfscale.fail_fast import error_line
         traceback.print_exc()
+        print(f"{program}: error: {error_line(type(e), e)}", file=sys.stderr)
         leave(1)
     leave(0)
 
 
 def leave(code: int) -> None:
     """Exits once everything written is flushed and closed, without
-    tearing TensorFlow down.
+    tearing TensorFlow down (`tfscale.fail_fast.leave`).
 
     Python's normal exit joins every non-daemon thread and runs TensorFlow's
     destructors; in TF 2.21 a finished tf.data iterator's deletion can block
     there for up to a minute (its autotune thread; `python -m
-    benchmarks.iterator_deletion`), and one worker's run of 5 sat 21 s after
-    its last line, past Kubernetes' 30 s grace after SIGTERM. By the time a
-    job returns, its checkpoints, summaries and result files are written and
-    closed (the Trainer's saves are synchronous, Keras's TensorBoard and
-    CSVLogger close on train end, result files are written in `with`
-    blocks), so the process flushes Python's streams and logging, finalizes
-    MPI when it was used (mpirun reports a rank that skips it as failed) and
-    leaves with `os._exit`.
+    benchmarks.iterator_deletion`), past Kubernetes' 30 s grace after
+    SIGTERM. By the time a job returns or unwinds, its checkpoints,
+    summaries and result files are written and closed (the Trainer's saves
+    are synchronous and `Trainer.fit` closes the callbacks' writers on every
+    way out; result files are written in `with` blocks). Under MPI a failed
+    rank aborts the job instead of finalizing, so its peers do not wait for
+    it in their next collective.
     """
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    logging.shutdown()
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
-    os._exit(code)
+    from tfscale import fail_fast
+    fail_fast.leave(code)
 
 
 def define_data_service_flags(flags, **kwargs) -> None:

@@ -17,8 +17,9 @@ import threading
 import time
 from typing import List, Optional
 
-# `input_pipelines.service.ADDRESS_ENV` (not imported: no TensorFlow here).
-ADDRESS_ENV = "TFSCALE_DATA_SERVICE"
+from launch import constants
+
+ADDRESS_ENV = constants.DATA_SERVICE_ADDRESS_ENV
 
 
 class Service:

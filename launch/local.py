@@ -38,6 +38,8 @@ import threading
 import time
 from typing import List, Mapping, Optional, Sequence
 
+from launch.constants import PREEMPTED_EXIT_CODE
+
 POLL_SECONDS = 0.1
 
 
@@ -206,10 +208,6 @@ def shell_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-# What `tfscale.preemption.PREEMPTED_EXIT_CODE` is (not imported: this
-# module never imports TensorFlow): a worker that saved a checkpoint after
-# SIGTERM exits with it.
-PREEMPTED_EXIT_CODE = 143
 _PR_SET_PDEATHSIG = 1
 
 
@@ -237,6 +235,8 @@ class _Group:
     def __init__(self, specs: Sequence[WorkerSpec], out):
         self._out = out
         self._lock = threading.Lock()
+        self.last_lines = {}  # worker index -> its error line (_remember)
+        self._exit_order = []  # worker indexes as their processes ended
         self.procs = []
         self._threads = []
         for spec in specs:
@@ -251,19 +251,35 @@ class _Group:
                                       args=(spec.index, proc), daemon=True)
             thread.start()
             self._threads.append(thread)
+            threading.Thread(target=self._wait, args=(spec.index, proc),
+                             daemon=True).start()
+
+    def _wait(self, index, proc):
+        proc.wait()
+        with self._lock:
+            self._exit_order.append(index)
 
     def _pump(self, index, proc):
         for raw in iter(proc.stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
+            _remember(self.last_lines, index, line)
             with self._lock:
                 self._out.write(f"[worker {index}] {line}\n")
                 self._out.flush()
 
     def first_failure(self):
-        """(index, code) of the first failed worker, or None."""
-        for index, proc in enumerate(self.procs):
-            code = proc.poll()
-            if code is not None and code != 0:
+        """(index, code) of the worker that failed first, or None.
+
+        First in time, not in index: when one worker dies its peers fail
+        within milliseconds (their collectives lose it), often before the
+        launcher looks again.
+        """
+        with self._lock:
+            order = list(self._exit_order)
+        for index in order:
+            code = self.procs[index].returncode
+            if code != 0:
+                self._threads[index].join(timeout=2)  # its last words
                 return index, code
         return None
 
@@ -311,6 +327,7 @@ class _MpiGroup:
         self._out = out
         self._lock = threading.Lock()
         self._mpirun_text = []
+        self.last_lines = {}  # rank -> its error line (_remember)
         self.proc = subprocess.Popen(
             list(command), env=dict(env), stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -325,6 +342,8 @@ class _MpiGroup:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             tagged = _TAGGED.match(line)
             if tagged:
+                _remember(self.last_lines, int(tagged.group(1)),
+                          tagged.group(2))
                 line = f"[worker {tagged.group(1)}] {tagged.group(2)}"
             else:
                 self._mpirun_text.append(line)
@@ -493,8 +512,9 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
             else:
                 # The others cannot finish a step (or a checkpoint) without
                 # it: there is nothing to wait for.
-                _say(out, f"{who} failed ({describe_exit(code)}); "
-                          f"stopping the other workers")
+                _say(out, f"{who} failed ({describe_exit(code)})"
+                          f"{_last_words(group, index, code)}; stopping the "
+                          "other workers")
                 group.stop(0.0, sig=signal.SIGKILL)
             if attempt < max_restarts:
                 _say(out, f"restart {attempt + 1}/{max_restarts}: starting "
@@ -506,6 +526,35 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
             signal.signal(sig, handler)
         if service is not None:
             service.stop()
+
+
+# A line that states an error: Python's last traceback line
+# ("ValueError: ..."), an entry point's "prog: error: ...", tfscale's
+# "tfscale: worker 1 failed: ...".
+_ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b(: |$)|"
+                         r"^\S+: error: |^tfscale: .* failed: ")
+
+
+def _remember(last_lines: dict, index: int, line: str) -> None:
+    """Keeps worker `index`'s latest error line, or, until it has printed
+    one, its latest non-blank line."""
+    text = line.replace("\x00", "").strip()
+    if not text or set(text) <= {"-"}:
+        return
+    if _ERROR_LINE.search(text):
+        last_lines[index] = (True, text)
+    elif not last_lines.get(index, (False, ""))[0]:
+        last_lines[index] = (False, text)
+
+
+def _last_words(group, index: Optional[int], code: int) -> str:
+    """": <the worker's last line>" for a worker that exited with an error
+    code (the error, with Python's traceback or tfscale's exit line), else
+    "" (a worker killed by a signal said nothing about it)."""
+    if index is None or code <= 0:
+        return ""
+    _, line = group.last_lines.get(index, (False, ""))
+    return f": {line}" if line else ""
 
 
 def _start_service(num_workers, work_dir, host, base_env, out):

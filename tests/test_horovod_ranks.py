@@ -159,9 +159,11 @@ def test_a_rank_that_never_arrives_or_dies_is_named(tmp_path):
                                "crash", timeout=120)
     assert code != 0, output[-4000:]
     assert "[worker 1] RuntimeError: out of memory (pretend)" in output
-    assert ("[worker 1] tfscale.horovod: rank 1 failed (RuntimeError); "
-            "aborting the job") in output
-    assert "[launcher] worker 1 failed (exit code 1)" in output
+    assert ("[worker 1] tfscale: rank 1 failed: RuntimeError: out of memory "
+            "(pretend); ending the job") in output
+    assert ("[launcher] worker 1 failed (exit code 1): tfscale: rank 1 "
+            "failed: RuntimeError: out of memory (pretend); ending the job"
+            ) in output
     assert "no error" not in output
     code, output = tfscale_run(sys.executable, worker("horovod_bad.py"), "xla",
                                timeout=120)

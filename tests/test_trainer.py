@@ -325,3 +325,32 @@ def test_fit_and_evaluate_delete_their_iterators_off_the_main_thread(
         if thread.name == "tfscale-delete-iterator":
             thread.join(60)
     assert freed == ["tfscale-delete-iterator"] * 2
+
+
+def test_an_error_in_fit_closes_the_callbacks_files_and_keeps_the_backup(
+        tmp_path):
+    """on_train_end never runs after an error: the Trainer closes what
+    TensorBoard and CSVLogger hold open, and BackupAndRestore's backup (which
+    only a normal end deletes) stays for the restart."""
+    strategy = mirrored(TWO_CPUS)
+    trainer = make_trainer(strategy, TrainConfig(global_batch_size=16,
+                                                 log_steps=2))
+    x, y = data()
+
+    class Fail(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(trainer.step.numpy()) == 7:
+                raise RuntimeError("injected")
+
+    board = keras.callbacks.TensorBoard(str(tmp_path / "tb"), update_freq=2)
+    csv_logger = keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    with pytest.raises(RuntimeError, match="injected"):
+        trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=3,
+                    epochs=5, callbacks=[board, csv_logger, backup, Fail()])
+    assert csv_logger.csv_file.closed
+    writers = board._writers.values()
+    assert writers and all(w._closed for w in writers)
+    rows = list(csv.reader(open(tmp_path / "log.csv")))
+    assert [r[0] for r in rows[1:]] == ["0", "1"]
+    assert (tmp_path / "backup" / "training_metadata.json").exists()

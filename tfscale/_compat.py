@@ -187,6 +187,15 @@ def continue_tensorboard_steps(callbacks, step: int) -> None:
             callback._global_train_batch = step
 
 
+def tensorboard_writers(callback) -> list:
+    """The summary writers a `keras.callbacks.TensorBoard` has opened.
+
+    Keras 3.15 keeps them in the private `_writers` dict (train, val) and
+    flushes them only when a run ends normally (`on_train_end`).
+    """
+    return list(getattr(callback, "_writers", {}).values())
+
+
 def gradient_may_be_recorded(tensors) -> bool:
     """Whether an active `tf.GradientTape` watches any of `tensors` (eager).
 

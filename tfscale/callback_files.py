@@ -1,10 +1,18 @@
-"""Chief-only files for Keras's own callbacks.
+"""Chief-only files for Keras's own callbacks, on disk on every way out.
 
 Keras 3's file-writing callbacks have no notion of a chief (DESIGN.md fact
 9): under MultiWorkerMirroredStrategy every worker would write, and race on,
 the same paths. Each worker still runs every callback (a callback may take
 part in collectives or decide `stop_training`), but on non-chief workers the
 files go to a private temporary directory that is removed at the end.
+
+Keras closes a callback's files in `on_train_end`, which a run that fails or
+is preempted never reaches; the Trainer closes them when `fit` unwinds with
+an error (`close_writers`), so a process that goes on (or leaves) holds
+nothing half-written. (What is logged is on disk before the next step can
+block: TensorBoard's writer is flushed at every batch's begin, CSVLogger's
+file after every row.) BackupAndRestore's backup is kept then: only a normal
+end deletes it.
 
 BackupAndRestore is special: every worker must *restore* from the chief's
 backup (so all start from the same weights), and only then are its writes
@@ -13,7 +21,11 @@ redirected.
 
 import os
 
+from absl import logging
+
 import keras
+
+from tfscale import _compat
 
 # Callback class -> attributes that name where it writes.
 _WRITE_TARGETS = (
@@ -57,3 +69,22 @@ def route_backup_writes(callbacks, worker_dir: str) -> None:
             callback._prev_weights_path = callback._weights_path + ".bkp"
             callback._prev_training_metadata_path = (
                 callback._training_metadata_path + ".bkp")
+
+
+def close_writers(callbacks) -> None:
+    """Flushes and closes the files of Keras's TensorBoard and CSVLogger
+    callbacks, as their `on_train_end` would, without the rest of
+    `on_train_end` (which a failed run must not run: BackupAndRestore's
+    deletes the backup)."""
+    for callback in callbacks:
+        try:
+            if isinstance(callback, keras.callbacks.TensorBoard):
+                for writer in _compat.tensorboard_writers(callback):
+                    writer.close()
+            elif isinstance(callback, keras.callbacks.CSVLogger):
+                csv_file = getattr(callback, "csv_file", None)
+                if csv_file is not None and not csv_file.closed:
+                    csv_file.close()
+        except Exception as e:  # noqa: BLE001 - the run's own error matters
+            logging.warning("tfscale: could not close the files of %s: %s",
+                            type(callback).__name__, e)

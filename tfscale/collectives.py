@@ -13,6 +13,9 @@ workers only through this interface:
                             when no worker needs this one any more
     broadcast_from_chief(variables)
                             the chief's values everywhere (a fresh start)
+    abort                   None, or `fn(code)` that ends every worker of
+                            the job at once (MPI_Abort); None: a worker
+                            that leaves ends its peers' collectives
     reduces_metrics         whether metric states are local to each
                             process and must be summed by the step
 
@@ -46,6 +49,9 @@ class StrategyCollectives:
 
     name = "mwms"
     reduces_metrics = False
+    # A worker that exits closes its gRPC channels: its peers' collectives
+    # and the coordination service's heartbeats fail, the launcher sees it.
+    abort = None
 
     def __init__(self, strategy):
         self.strategy = strategy

@@ -175,6 +175,10 @@ class MpiCollectives:
 
     # ---- on the host ---------------------------------------------------------
 
+    def abort(self, code: int) -> None:
+        """Ends every rank of the job (mpirun / srun report the failure)."""
+        self.comm.Abort(code)
+
     def agree(self, value: float) -> float:
         if self.num_workers == 1:
             return float(value)

@@ -22,9 +22,7 @@ nothing per step.
 import signal
 import threading
 
-# TensorFlow's restartable exit code (failure_handling_util), and what a
-# shell reports for a process ended by SIGTERM.
-PREEMPTED_EXIT_CODE = 143
+from launch.constants import PREEMPTED_EXIT_CODE  # noqa: F401 (re-exported)
 
 
 class Preempted(SystemExit):

@@ -26,6 +26,7 @@ from tfscale import _compat
 from tfscale import callback_files
 from tfscale import checkpointing
 from tfscale import collectives as collectives_lib
+from tfscale import fail_fast
 from tfscale import fit_inputs
 from tfscale import precision as precision_lib
 from tfscale.input_feed import (InputFeed, InputPipelineError,
@@ -107,6 +108,11 @@ class Trainer:
         self.num_workers = self.collectives.num_workers
         self.worker_index = self.collectives.worker_index
         self.per_replica_batch_size = config.global_batch_size // divisor
+        if self.num_workers > 1:
+            # An uncaught exception on this worker ends the job at once
+            # (not after a collective timeout): see fail_fast.py.
+            fail_fast.install(f"worker {self.worker_index}",
+                              self.collectives.abort)
         with strategy.scope():
             optimizer.build(model.trainable_variables)
             # Loss scaling follows the model's dtype policy (or a
@@ -291,6 +297,11 @@ class Trainer:
             return self._fit(dataset_fn, callbacks, callback_list, worker_dir,
                              watch, steps_per_epoch, epochs, validation_fn,
                              validation_steps, initial_epoch)
+        except BaseException:
+            # An error, a preemption (Preempted) or Ctrl-C: on_train_end
+            # will not run, so what the callbacks logged is closed here.
+            callback_files.close_writers(callbacks)
+            raise
         finally:
             watch.__exit__()
             self._verbose = self.config.verbose

@@ -100,6 +100,11 @@ def main(argv):
                    help="write the weights fit starts from (after restore)")
     p.add_argument("--crash_at", type=int, default=0,
                    help="exit(17) after this global step, once (marker file)")
+    p.add_argument("--raise_at", type=int, default=0,
+                   help="worker 1's callback raises after this global step "
+                        "(first writing the time to raised_at.json)")
+    p.add_argument("--tensorboard", default=None)
+    p.add_argument("--backup_dir", default=None)
     args = p.parse_args(argv)
 
     tf.config.experimental.enable_op_determinism()
@@ -191,6 +196,21 @@ def main(argv):
                     open(marker, "w").close()
                     os.kill(os.getpid(), signal.SIGKILL)
         callbacks.append(Crash())
+    if args.tensorboard:
+        callbacks.append(keras.callbacks.TensorBoard(args.tensorboard,
+                                                     update_freq=2))
+    if args.backup_dir:
+        callbacks.append(keras.callbacks.BackupAndRestore(args.backup_dir))
+    if args.raise_at:
+        class Raise(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                step = int(trainer.step.numpy())
+                if step == args.raise_at and info.worker_index == 1:
+                    with open(os.path.join(args.out, "raised_at.json"),
+                              "w") as f:
+                        json.dump({"time": time.time(), "step": step}, f)
+                    raise RuntimeError(f"injected failure at step {step}")
+        callbacks.append(Raise())
     trainer.fit(dataset_fn, steps_per_epoch=args.steps, epochs=args.epochs,
                 callbacks=callbacks)
     evaluation = None

@@ -9,11 +9,11 @@ size 1 and never starts MPI, as under Horovod.
 
 import contextlib
 import dataclasses
-import sys
 import threading
 from typing import Optional
 
 from tfscale import cluster
+from tfscale import fail_fast
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
@@ -93,24 +93,11 @@ def init(comm=None, process_sets=None) -> None:
     if stall and state.size > 1:
         state.watchdog = mpi_lib.Watchdog(comm, stall)
     if state.size > 1:
-        _abort_on_uncaught_exception(comm)
+        # A rank that dies of an exception aborts the job, as a Horovod
+        # rank's failure fails the others (otherwise MPI_Finalize at exit
+        # would make the other ranks wait for it in their next collective).
+        fail_fast.install(f"rank {comm.rank}", comm.Abort)
     _state = state
-
-
-def _abort_on_uncaught_exception(comm) -> None:
-    """A rank that dies of an exception aborts the job, as a Horovod rank's
-    failure fails the others: otherwise mpi4py would finalize MPI at exit,
-    which Open MPI takes as a clean end, and the other ranks would wait for
-    it in their next collective."""
-    previous = sys.excepthook
-
-    def hook(kind, value, traceback):
-        previous(kind, value, traceback)
-        sys.stderr.write(f"tfscale.horovod: rank {comm.rank} failed "
-                         f"({kind.__name__}); aborting the job\n")
-        sys.stderr.flush()
-        comm.Abort(1)
-    sys.excepthook = hook
 
 
 def shutdown() -> None:

@@ -1,0 +1,15 @@
+"""Constants shared by the launchers and the TensorFlow side.
+
+`launch/` never imports TensorFlow, so what both sides must agree on lives
+here, in a module that imports nothing: `tfscale`, `input_pipelines` and
+`launch` all take these names from this one place.
+"""
+
+# A worker that saved a checkpoint after SIGTERM exits with this code
+# (TensorFlow's restartable exit code, and what a shell reports for a
+# process ended by SIGTERM). Launchers restart such a job.
+PREEMPTED_EXIT_CODE = 143
+
+# The tf.data service dispatcher (HOST:PORT) the entry points read their
+# training records from; `launch.local --data_service_workers K` sets it.
+DATA_SERVICE_ADDRESS_ENV = "TFSCALE_DATA_SERVICE"

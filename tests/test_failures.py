@@ -1,0 +1,131 @@
+"""One failed worker ends the job at once, and what was written stays.
+
+Real processes through launch.local, on both backends:
+  - a user's own Trainer script whose callback raises on worker 1: every
+    worker ends within 30 s of the raise (before the fix, MPI ranks sat until
+    the collective timeout), the launcher names worker 1 and the error, and
+    the chief's CSVLogger rows, TensorBoard scalars and BackupAndRestore
+    backup from before the failure are on disk;
+  - run_pretraining.py with a corrupt record that only worker 1 reads: the
+    same, through the entry point's own exit (`cli.leave`).
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import sys
+import time
+
+import pytest
+
+from tests.conftest import run_command
+from tests.test_pretraining import corpus, pretrain_args  # noqa: F401
+
+pytestmark = pytest.mark.slow
+BACKENDS = ["mwms", "mpi"]
+# The workers' collective timeout (train_worker.py): without the fail-fast
+# exit, MPI ranks end only when it fires.
+COLLECTIVE_TIMEOUT = 60
+
+
+def launcher(backend, num_workers=2):
+    return [sys.executable, "-m", "launch.local", "--num_workers",
+            str(num_workers), "--threads_per_worker", "1",
+            *(["--backend", "mpi"] if backend == "mpi" else []), "--"]
+
+
+def scalars(log_dir):
+    """{step: set of tags} written to the event files in log_dir."""
+    import tensorflow as tf
+    written = {}
+    for path in glob.glob(os.path.join(log_dir, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                written.setdefault(int(event.step), set()).add(value.tag)
+    return written
+
+
+def assert_every_interval_written(log_dir, steps):
+    """Each of `steps` has every batch scalar (the interval's loss,
+    throughput, time split: the same tags at every interval)."""
+    written = scalars(log_dir)
+    tags = written.get(steps[0], set())
+    assert "batch_loss" in tags and "batch_examples_per_second" in tags, \
+        written
+    for step in steps:
+        assert tags <= written.get(step, set()), (step, written)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_exception_in_a_user_script_ends_every_worker_and_keeps_the_logs(
+        tmp_path, backend):
+    out = tmp_path / "out"
+    out.mkdir()
+    command = launcher(backend) + [
+        sys.executable, "-m", "tests.workers.train_worker", "--out", str(out),
+        "--backend", backend, "--steps", "4", "--epochs", "200",
+        "--raise_at", "10", "--collective_timeout", str(COLLECTIVE_TIMEOUT),
+        "--csv", str(tmp_path / "log.csv"),
+        "--tensorboard", str(tmp_path / "tb"),
+        "--backup_dir", str(tmp_path / "backup")]
+    code, output = run_command(command, timeout=4 * COLLECTIVE_TIMEOUT)
+    ended = time.time()
+    assert code == 1, output[-5000:]
+    raised = json.loads((out / "raised_at.json").read_text())
+    assert raised["step"] == 10
+    # The whole job, launcher included, ends well before the timeout.
+    assert ended - raised["time"] < 30, (ended - raised["time"], output[-5000:])
+    assert ("[launcher] worker 1 failed (exit code 1): tfscale: worker 1 "
+            "failed: RuntimeError: injected failure at step 10; ending the "
+            "job; stopping the other workers") in output, output[-5000:]
+    assert "Traceback" in output  # the traceback is printed, then the line
+    # Epochs 0 and 1 (steps 1-8) ended before the failure (epoch 2).
+    rows = (tmp_path / "log.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["0", "1"], rows
+    # TensorBoard writes each log interval (2 steps): every interval the
+    # chief logged (its "tfscale: step N:" lines) is on disk, whether the
+    # chief was then killed (MPI) or failed itself (MWMS).
+    logged = [int(m) for m in re.findall(
+        r"\[worker 0\] .*tfscale: step (\d+): loss", output)]
+    assert logged[:4] == [2, 4, 6, 8], logged
+    assert_every_interval_written(tmp_path / "tb" / "train", logged)
+    # A failed run keeps BackupAndRestore's backup (only a normal end
+    # deletes it).
+    assert (tmp_path / "backup" / "training_metadata.json").exists()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_record_on_one_worker_ends_the_entry_point_job(
+        corpus, tmp_path, backend):  # noqa: F811
+    """run_pretraining.py, records read per worker (sharded order): worker
+    1's files have a corrupt record. Worker 1 names it and fails, and the
+    job ends at once, not after a collective timeout."""
+    from input_pipelines.tfrecord import shard_files
+    records = tmp_path / "records"
+    shutil.copytree(corpus / "records", records)
+    files = sorted(glob.glob(str(records / "train-*.tfrecord")))
+    own, by_file = shard_files(files, 2, 1)
+    assert by_file and set(own).isdisjoint(shard_files(files, 2, 0)[0])
+    for name in own:  # flip bytes in the middle of worker 1's files
+        with open(name, "r+b") as f:
+            f.seek(os.path.getsize(name) // 2)
+            f.write(b"\xff" * 64)
+    args = pretrain_args(corpus, tmp_path / "run", 2000,
+                         "--input_order=sharded",
+                         "--collective_timeout=120", f"--backend={backend}")
+    args[0] = f"--input_file={records}/train-*.tfrecord"
+    started = time.time()
+    code, output = run_command(launcher(backend) + [
+        sys.executable, "run_pretraining.py", *args], timeout=400)
+    assert code == 1, output[-5000:]
+    assert ("[launcher] worker 1 failed (exit code 1): run_pretraining: "
+            "error: --input_file: bad input record: ") in output, \
+        output[-5000:]
+    failed = [line for line in output.splitlines()
+              if line.startswith("[launcher] worker 1 failed")][0]
+    assert any(os.path.basename(name) in failed for name in own), failed
+    # Started, trained some steps, failed: far less than the 120 s a
+    # collective would wait for the failed worker.
+    assert time.time() - started < 100, output[-3000:]
