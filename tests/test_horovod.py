@@ -237,3 +237,16 @@ def test_load_model_wraps_the_saved_optimizer(fresh, tmp_path):
     for a, b in zip(loaded.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(a, b)
     loaded.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)  # still trains
+
+
+def test_mpi_output_buffers_are_host_tensors_filled_in_place():
+    """What MPI writes into is made on the host whatever the caller's
+    device scope (on a GPU host a device tensor's NumPy view is a copy:
+    filling it would return garbage), and the view is the tensor's own
+    buffer (no copy on a CPU host)."""
+    from tfscale import _compat
+    with tf.device("/cpu:1"):
+        tensor, view = _compat.new_host_tensor([2, 3], tf.float32)
+    assert tensor.device.endswith("CPU:0"), tensor.device
+    view[...] = 7.0
+    assert tensor.numpy().tolist() == [[7.0] * 3] * 2

@@ -169,3 +169,41 @@ def test_a_rank_that_never_arrives_or_dies_is_named(tmp_path):
                                timeout=120)
     assert code != 0
     assert "cannot run inside an XLA-compiled function" in output
+
+
+def check_placement(tmp_path, device):
+    code, output = tfscale_run(sys.executable, worker("horovod_devices.py"),
+                               device, str(tmp_path), timeout=120)
+    assert code == 0, output[-6000:]
+    want = device.split(":")[-1]
+    for r in range(2):
+        got = json.loads((tmp_path / f"rank-{r}.json").read_text())
+        for mode in ("eager", "graph"):
+            assert got[mode]["allreduce"]["values"] == [3.0, 6.0, 9.0]
+            assert got[mode]["allgather"]["values"] == [1, 2, 3, 2, 4, 6]
+            assert got[mode]["broadcast"]["values"] == [2.0, 4.0, 6.0]
+        assert [t["values"] for t in got["eager"]["grouped"]] == [
+            [3.0, 6.0, 9.0], [[3.0]]]
+        # Eager results come back where the input was.
+        for result in [got["eager"]["allreduce"], got["eager"]["allgather"],
+                       got["eager"]["broadcast"], *got["eager"]["grouped"]]:
+            assert result["device"].upper().endswith(
+                f"{device.split(':')[0].strip('/').upper()}:{want}"), result
+        # Rank 0's variables everywhere, still on the device.
+        assert [v["values"] for v in got["variables"]] == [[[5.0] * 3] * 2,
+                                                          [1.0]]
+        assert all(d.upper().endswith(device.strip("/").upper())
+                   for d in got["variable_devices"]), got["variable_devices"]
+
+
+def test_collectives_return_on_the_inputs_device(tmp_path):
+    """Inputs on a second (logical) CPU: values right, results on it."""
+    check_placement(tmp_path, "/cpu:1")
+
+
+@pytest.mark.skipif(not __import__("glob").glob("/dev/nvidia[0-9]*"),
+                    reason="needs a GPU")
+def test_collectives_on_a_gpu_fill_the_gpu_tensors(tmp_path):
+    """Inputs on GPU 0: MPI works on host buffers, results are copied back
+    (a device output filled through a host copy would be garbage)."""
+    check_placement(tmp_path, "/gpu:0")

@@ -187,6 +187,24 @@ def continue_tensorboard_steps(callbacks, step: int) -> None:
             callback._global_train_batch = step
 
 
+def new_host_tensor(shape, dtype):
+    """(an uninitialised tensor in host memory, a writable NumPy view of its
+    buffer), for MPI to fill in place (eager).
+
+    TF 2.21's `EagerTensor._numpy()` of a host tensor is a view of its
+    buffer (the public `numpy()` copies; `np.asarray` is read-only). The
+    tensor is pinned to the host: on a GPU `_numpy()` is a host copy, and
+    filling it would leave the device tensor uninitialised.
+    """
+    with tf.device("/cpu:0"):
+        tensor = tf.raw_ops.Empty(shape=shape, dtype=dtype)
+    view = tensor._numpy()
+    if not view.flags.writeable:  # a TensorFlow that no longer shares it
+        raise RuntimeError("tfscale: this TensorFlow's host tensors give no "
+                           "writable view (checked with 2.21)")
+    return tensor, view
+
+
 def tensorboard_writers(callback) -> list:
     """The summary writers a `keras.callbacks.TensorBoard` has opened.
 

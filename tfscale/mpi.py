@@ -160,9 +160,12 @@ class MpiCollectives:
         """
         flats = [tf.reshape(t, [-1]) for t in tensors]
         flat = flats[0] if len(flats) == 1 else tf.concat(flats, 0)
-        out = tf.raw_ops.Empty(shape=tf.shape(flat), dtype=flat.dtype)
-        total = tf.numpy_function(self._allreduce_into, [flat, out],
-                                  flat.dtype, stateful=True)
+        # Both buffers MPI touches are host memory, whatever device the
+        # step runs on (a GPU's tensors are copied to the host for it).
+        with tf.device("/cpu:0"):
+            out = tf.raw_ops.Empty(shape=tf.shape(flat), dtype=flat.dtype)
+            total = tf.numpy_function(self._allreduce_into, [flat, out],
+                                      flat.dtype, stateful=True)
         return tf.ensure_shape(total, flat.shape)
 
     def _allreduce_into(self, flat: np.ndarray, out: np.ndarray) -> np.ndarray:

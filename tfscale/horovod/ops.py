@@ -9,10 +9,14 @@ crashing inside MPI; the row also carries `join()`'s "no more data" flag.
 The data then moves in one MPI call (`Allreduce`, `Allgatherv`, `Bcast`)
 of one fused buffer per dtype.
 
-Eagerly, the MPI calls read and write the tensors' own buffers (no copies);
-inside a `tf.function` they run in `tf.numpy_function`s, which
-TensorFlow's automatic control dependencies keep in program order, so all
-ranks issue them in the same order.
+Every buffer MPI reads or writes is host memory, made as such: eagerly, the
+input's host view (its own buffer when it lives on the host, a copy from a
+GPU otherwise) and a new tensor pinned to the host that MPI fills in place
+(`_compat.new_host_tensor`); inside a `tf.function`, `tf.numpy_function`s
+pinned to the host, which TensorFlow's automatic control dependencies keep
+in program order, so all ranks issue them in the same order. Results come
+back on the device the input was on, as Horovod's do. (An output made on a
+GPU and filled through its host copy would come back uninitialised.)
 """
 
 import zlib
@@ -315,34 +319,70 @@ def _encode_shapes(tensors) -> tf.Tensor:
     return tf.concat(parts, 0)
 
 
+# ---- host buffers -------------------------------------------------------
+
+_HOST = "/cpu:0"
+
+
+def host_view(tensor: tf.Tensor) -> np.ndarray:
+    """An eager tensor's values in host memory, for MPI to read: the
+    tensor's own buffer when it is on the host, a copy from a device."""
+    return np.asarray(tensor)
+
+
+def _placed_like(result, original):
+    """Eagerly, `result` on the device `original` was on (Horovod returns
+    results where the inputs were); in graphs the placer does this."""
+    device = getattr(original, "device", "")
+    if not tf.executing_eagerly() or not device or \
+            getattr(result, "device", device) == device:
+        return result
+    with tf.device(device):
+        if isinstance(result, tf.IndexedSlices):
+            return tf.IndexedSlices(tf.identity(result.values),
+                                    tf.identity(result.indices),
+                                    result.dense_shape)
+        return tf.identity(result)
+
+
+def _host_numpy_function(fn, inputs, like, name):
+    """`fn(*inputs, out)` in a `tf.numpy_function` on the host (graph
+    mode), `out` an uninitialised host tensor shaped as `like` for MPI to
+    write and `fn` to return: it becomes the result without a copy (a new
+    NumPy array would be copied). `Empty` is never folded or shared, so
+    every call gets its own."""
+    with tf.device(_HOST):
+        out = tf.raw_ops.Empty(shape=tf.shape(like), dtype=like.dtype)
+        return tf.numpy_function(fn, [*inputs, out], like.dtype,
+                                 stateful=True, name=name)
+
+
 def _reduce_flat(tensors: Sequence[tf.Tensor], op: int, name: str) -> list:
     """The element-wise `op` (Sum for Average) over all ranks of tensors of
     one dtype, through one fused buffer."""
     mpi_op = Sum if op == Average else op
     if tf.executing_eagerly() and len(tensors) == 1:
-        # MPI reads the tensor's buffer and writes the output's: no copy.
+        # On the host MPI reads the tensor's own buffer: no copy.
         tensor = tensors[0]
-        out = tf.raw_ops.Empty(shape=tensor.shape, dtype=tensor.dtype)
-        _np_allreduce_joinable(tensor._numpy().reshape(-1),
-                               out._numpy().reshape(-1), [tensor.shape],
-                               mpi_op, name)
+        out, buffer = _compat.new_host_tensor(tensor.shape, tensor.dtype)
+        _np_allreduce_joinable(host_view(tensor).reshape(-1),
+                               buffer.reshape(-1), [tensor.shape], mpi_op,
+                               name)
         return [out]
     if len(tensors) == 1:
         flat = tf.reshape(tensors[0], [-1])
     else:
         flat = tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
-    out = tf.raw_ops.Empty(shape=tf.shape(flat), dtype=flat.dtype)
     if tf.executing_eagerly():
-        _np_allreduce_joinable(flat._numpy(), out._numpy(),
+        total, buffer = _compat.new_host_tensor(flat.shape, flat.dtype)
+        _np_allreduce_joinable(host_view(flat), buffer,
                                [tuple(t.shape) for t in tensors], mpi_op, name)
-        total = out
     else:
         _refuse_xla(name)
-        total = tf.numpy_function(
-            lambda f, o, s: _np_allreduce_joinable(f, o, _shapes_from(s),
+        total = _host_numpy_function(
+            lambda f, s, o: _np_allreduce_joinable(f, o, _shapes_from(s),
                                                    mpi_op, name),
-            [flat, out, _encode_shapes(tensors)], flat.dtype, stateful=True,
-            name="HorovodAllreduce")
+            [flat, _encode_shapes(tensors)], flat, "HorovodAllreduce")
         total = tf.ensure_shape(total, flat.shape)
     if len(tensors) == 1:
         return [tf.reshape(total, tf.shape(tensors[0]))]
@@ -468,7 +508,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     compressed, context = compression.compress(tensor)
     reduced = _grouped([compressed], op, name, prescale_factor,
                        postscale_factor)[0]
-    return compression.decompress(reduced, context)
+    return _placed_like(compression.decompress(reduced, context), tensor)
 
 
 def grouped_allreduce(tensors, average=None, device_dense="",
@@ -486,14 +526,16 @@ def grouped_allreduce(tensors, average=None, device_dense="",
                           prescale_factor=prescale_factor,
                           postscale_factor=postscale_factor, name=name)
                 for t in tensors]
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
     compressed, contexts = [], []
     for t in tensors:
-        c, context = compression.compress(tf.convert_to_tensor(t))
+        c, context = compression.compress(t)
         compressed.append(c)
         contexts.append(context)
     reduced = _grouped(compressed, op, name or "grouped_allreduce",
                        prescale_factor, postscale_factor)
-    return [compression.decompress(r, c) for r, c in zip(reduced, contexts)]
+    return [_placed_like(compression.decompress(r, c), t)
+            for r, c, t in zip(reduced, contexts, tensors)]
 
 
 def allgather(tensor, name=None, process_set=global_process_set,
@@ -517,11 +559,13 @@ def allgather(tensor, name=None, process_set=global_process_set,
         if state.size == 1:
             return tf.identity(x)
         if tf.executing_eagerly():
-            return tf.convert_to_tensor(_np_allgather(x._numpy(), name))
+            with tf.device(_HOST):
+                return tf.convert_to_tensor(_np_allgather(host_view(x), name))
         _refuse_xla(name)
-        gathered = tf.numpy_function(lambda a: _np_allgather(a, name), [x],
-                                     x.dtype, stateful=True,
-                                     name="HorovodAllgather")
+        with tf.device(_HOST):
+            gathered = tf.numpy_function(lambda a: _np_allgather(a, name),
+                                         [x], x.dtype, stateful=True,
+                                         name="HorovodAllgather")
         return tf.ensure_shape(gathered, [None] + x.shape[1:].as_list())
 
     def backward(x, dy):
@@ -531,7 +575,7 @@ def allgather(tensor, name=None, process_set=global_process_set,
                            name=name + "_grad_sizes")
         start = tf.reduce_sum(firsts[:state.rank])
         return summed[start:start + tf.shape(x, out_type=tf.int64)[0]]
-    return _differentiable(tensor, forward, backward)
+    return _placed_like(_differentiable(tensor, forward, backward), tensor)
 
 
 def _differentiable(tensor, forward, backward):
@@ -564,20 +608,20 @@ def broadcast(tensor, root_rank: int, name=None,
     def forward(x):
         if state.size == 1:
             return tf.identity(x)
-        out = tf.raw_ops.Empty(shape=tf.shape(x), dtype=x.dtype)
         if tf.executing_eagerly():
-            _np_broadcast(x._numpy(), out._numpy(), root_rank, name)
+            out, buffer = _compat.new_host_tensor(x.shape, x.dtype)
+            _np_broadcast(host_view(x), buffer, root_rank, name)
             return out
         _refuse_xla(name)
-        result = tf.numpy_function(
-            lambda a, o: _np_broadcast(a, o, root_rank, name), [x, out],
-            x.dtype, stateful=True, name="HorovodBroadcast")
+        result = _host_numpy_function(
+            lambda a, o: _np_broadcast(a, o, root_rank, name), [x], x,
+            "HorovodBroadcast")
         return tf.ensure_shape(result, x.shape)
 
     def backward(x, dy):
         summed = _grouped([dy], Sum, name + "_grad")[0]
         return summed if state.rank == root_rank else summed * 0
-    return _differentiable(tensor, forward, backward)
+    return _placed_like(_differentiable(tensor, forward, backward), tensor)
 
 
 def _check_root(root_rank, state) -> None:
