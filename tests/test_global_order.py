@@ -74,6 +74,12 @@ def test_one_to_three_workers_and_a_resume_across_counts_end_at_the_same_weights
         STEPS * GLOBAL_BATCH)
     for workers in (2, 3):
         assert_same_run(reference, state(runs[workers]), f"{workers} workers")
+    # Negative control: the same comparison fails when the records are
+    # dealt out per worker (the order then depends on the worker count).
+    sharded = tmp_path / "sharded2"
+    run_pretraining(2, args(corpus, sharded, "--input_order=sharded"))
+    with pytest.raises(AssertionError):
+        assert_same_run(reference, state(sharded), "2 workers, sharded")
     for before, after in ((3, 2),):
         out = tmp_path / f"r{before}{after}"
         cut_at(runs[before], out, CUT)

@@ -218,9 +218,13 @@ def test_open_mpi_version_is_read_from_the_mpirun_given(tmp_path):
 
 def test_state_is_one_per_process(fresh):
     hvd.init()
-    assert _state.get() is _state.get()
+    first = _state.get()
+    hvd.init()  # again: no effect
+    assert _state.get() is first
     hvd.shutdown()
     assert not hvd.is_initialized()
+    hvd.init()  # after shutdown: a new state
+    assert _state.get() is not first
 
 
 def test_load_model_wraps_the_saved_optimizer(fresh, tmp_path):

@@ -139,7 +139,12 @@ def test_ranks_that_disagree_fail_with_one_line_naming_op_ranks_shapes():
                           "called allreduce 'grads' with float32[3, 3]"),
                 ("dtype", " mismatched allreduce 'loss': rank 0 called "
                           "allreduce 'loss' with float32[3], rank 1 called "
-                          "allreduce 'loss' with float64[3]")]:
+                          "allreduce 'loss' with float64[3]"),
+                ("extra", " mismatched allreduce 'grads': rank 0 called "
+                          "allreduce 'grads' with float32[2], rank 1 called "
+                          "allreduce 'extra' with float32[2] (every rank "
+                          "must issue the same collectives, by name, in the "
+                          "same order)")]:
             assert any(l.startswith(f"[worker {rank}] rank {rank}: {what}:")
                        and line in l for l in output.splitlines()), (
                 what, output[-6000:])

@@ -32,7 +32,11 @@ def main(mode):
                                                        name="grads")),
             "dtype": lambda: hvd.allreduce(
                 tf.ones([3], tf.float32 if r == 0 else tf.float64),
-                name="loss")}
+                name="loss"),
+            # Rank 1 issues one same-shaped collective more.
+            "extra": lambda: [hvd.allreduce(tf.ones([2]), name=n)
+                              for n in (["extra"] if r == 1 else [])
+                              + ["grads"]]}
         for what, call in calls.items():
             try:
                 call()

@@ -1,8 +1,8 @@
 """Horovod's collectives on MPI, with their gradients beside them.
 
 Every collective first agrees with the other ranks on what is being done:
-one `Allgather` of a fixed-size row (kind, reduction, dtype, root, a
-checksum of the shapes), as Horovod's coordinator does. Ranks that pass
+one `Allgather` of a fixed-size row (kind, name, reduction, dtype, root, a
+checksum of the shapes, a sequence number), as Horovod's coordinator does. Ranks that pass
 different shapes, dtypes or collectives then all raise the same one-line
 error naming the op, the ranks and their shapes, instead of hanging or
 crashing inside MPI; the row also carries `join()`'s "no more data" flag.
@@ -42,8 +42,10 @@ _ALLREDUCE, _ALLGATHER, _BROADCAST, _JOIN = 1, 2, 3, 4
 _KIND_NAMES = {_ALLREDUCE: "allreduce", _ALLGATHER: "allgather",
                _BROADCAST: "broadcast", _JOIN: "join"}
 # A row: kind, op, dtype, root, tensors, checksum of the shapes that must
-# agree, the first dimension (allgather), the collective's sequence number.
-_ROW = 8
+# agree, the first dimension (allgather), the collective's sequence number,
+# checksum of its name (as Horovod's coordinator matches ops by name).
+_ROW = 9
+_MUST_AGREE = [0, 1, 2, 3, 4, 5, 8]
 
 
 class CollectiveMismatchError(ValueError):
@@ -118,7 +120,8 @@ def _agree(state, kind: int, name: str, shapes: Sequence[tuple], dtype,
         first = 0
     dtype_code = _checksum(np.dtype(dtype).name) if dtype is not None else 0
     row = np.array([kind, op, dtype_code, root, len(shapes),
-                    _checksum(must_agree), first, state.sequence], np.int64)
+                    _checksum(must_agree), first, state.sequence,
+                    _checksum(name)], np.int64)
     table = np.empty((state.size, _ROW), np.int64)
     state.comm.Allgather(row, table)
     joined = table[:, 0] == _JOIN
@@ -135,7 +138,15 @@ def _agree(state, kind: int, name: str, shapes: Sequence[tuple], dtype,
                 "tfscale.horovod: allreduce with Min, Max or Product after a "
                 "rank called join(): joined ranks add zeros, so only Sum and "
                 "Average are defined")
-    keys = active[:, :6]
+    if np.any(table[:, 7] != table[0, 7]):
+        behind = int(np.argmin(table[:, 7]))
+        ahead = int(np.argmax(table[:, 7]))
+        raise CollectiveMismatchError(
+            f"tfscale.horovod: rank {ahead} is at collective "
+            f"{int(table[ahead, 7])}, rank {behind} at "
+            f"{int(table[behind, 7])} (a rank re-initialized, or left a "
+            "collective half-done)")
+    keys = active[:, _MUST_AGREE]
     if len(keys) and np.any(keys != keys[0]):
         ranks = np.flatnonzero(~joined)
         differs = np.flatnonzero(np.any(keys != keys[0], axis=1))
@@ -158,9 +169,10 @@ def _raise_mismatch(state, first, other, kind, name, shapes, dtype, op,
         shown = tensors[0] if len(tensors) == 1 else f"[{', '.join(tensors)}]"
         return f"rank {rank} called {kind_name} {op_name!r} with {shown}"
 
-    if reference[0] != theirs[0]:
+    if reference[0] != theirs[0] or reference[1] != theirs[1]:
         detail = (f"{said(first, reference)}, {said(other, theirs)} (every "
-                  "rank must issue the same collectives in the same order)")
+                  "rank must issue the same collectives, by name, in the "
+                  "same order)")
     elif reference[4] != theirs[4]:
         detail = (f"{said(first, reference)}, {said(other, theirs)} (every "
                   "rank must pass the same shapes and dtypes"
