@@ -129,3 +129,31 @@ def test_bad_record_on_one_worker_ends_the_entry_point_job(
     # Started, trained some steps, failed: far less than the 120 s a
     # collective would wait for the failed worker.
     assert time.time() - started < 100, output[-3000:]
+
+
+def test_two_thousand_shards_under_a_1024_descriptor_limit(corpus, tmp_path):  # noqa: F811
+    """ImageNet- and Wikipedia-scale shard counts on a node whose hard limit
+    is 1,024 open files: 2 workers of run_pretraining.py read 2,000 record
+    files (indexing them first) in the global order, each worker holding a
+    bounded pool of descriptors."""
+    import tensorflow as tf
+    records = [r.numpy() for r in tf.data.TFRecordDataset(
+        sorted(glob.glob(str(corpus / "records" / "train-*.tfrecord"))))]
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(2000):
+        with tf.io.TFRecordWriter(str(shards / f"part-{i:05d}")) as writer:
+            for j in range(2):
+                writer.write(records[(2 * i + j) % len(records)])
+    args = pretrain_args(corpus, tmp_path / "run", 6, "--log_steps=3",
+                         "--save_checkpoints_steps=6")
+    args[0] = f"--input_file={shards}/part-*"
+    command = " ".join([*launcher("mwms"), sys.executable,
+                        "run_pretraining.py", *args])
+    code, output = run_command(
+        ["bash", "-c", f"ulimit -Sn 1024 -Hn 1024 && exec {command}"],
+        timeout=400)
+    assert code == 0, output[-5000:]
+    assert "indexed 2000 record file(s)" in output, output[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["num_workers"] == 2

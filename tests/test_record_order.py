@@ -306,3 +306,51 @@ def test_compressed_records_fall_back_to_the_sharded_order(tmp_path):
     ids = [i for b in tfrecord.make_dataset(config, 5, parse).take(4)
            for i in b.numpy().tolist()]
     assert sorted(ids) == sorted(list(range(10)) * 2)
+
+
+# ---- descriptors and files that change under a run ---------------------------
+
+def test_the_reader_holds_a_bounded_pool_of_descriptors(tmp_path):
+    files = write_ids(tmp_path, [3] * 50)
+    reader = RecordReader(files, record_index.load(files), max_open_files=8)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        ids = rng.integers(0, 150, 16)
+        assert decode_ids(*reader.read(ids)) == ids.tolist()
+        assert reader.open_files() <= 8
+    # A batch may touch more files than the pool holds; it still reads.
+    assert decode_ids(*reader.read(np.arange(0, 150, 3))) == list(
+        range(0, 150, 3))
+    assert reader.open_files() <= 8
+    reader.close()
+    assert reader.open_files() == 0
+
+
+def test_a_file_truncated_during_the_run_is_named(tmp_path):
+    files = write_ids(tmp_path, [5, 5])
+    reader = RecordReader(files, record_index.load(files))
+    assert decode_ids(*reader.read(np.array([4, 9]))) == [4, 9]  # both open
+    with open(files[1], "r+b") as f:
+        f.truncate(os.path.getsize(files[1]) - 7)
+    with pytest.raises(record_index.RecordIndexError,
+                       match=rf"{files[1]}: ends at byte \d+, inside a record "
+                       r".* \(the file was truncated during the run\)"):
+        reader.read(np.array([0, 9]))
+
+
+def test_a_file_replaced_during_the_run_is_refused(tmp_path):
+    files = write_ids(tmp_path, [5, 5])
+    reader = RecordReader(files, record_index.load(files), max_open_files=1)
+    assert decode_ids(*reader.read(np.array([0]))) == [0]
+    assert decode_ids(*reader.read(np.array([5]))) == [5]  # file 0 closed
+    # Same size, other records, put in place by rename (as writers do).
+    (tmp_path / "new").mkdir()
+    other = write_ids(tmp_path / "new", [5], start=50)[0]
+    os.replace(other, files[0])
+    with pytest.raises(record_index.RecordIndexError,
+                       match=rf"{files[0]}: is another file than the one "
+                             "opened before"):
+        reader.read(np.array([1]))
+    os.remove(files[1])
+    with pytest.raises(OSError, match=rf"{files[1]}: No such file"):
+        reader.read(np.array([6]))

@@ -6,7 +6,8 @@ the number of workers, replicas or accumulation steps.
                   position (no table), new each epoch
     partition.py  which positions an input pipeline reads; where a resumed
                   run starts
-    reader.py     reads records by number from local files (mmap)
+    reader.py     reads records by number from local files (pread, a
+                  bounded pool of descriptors)
 
 No TensorFlow here: the order is plain arithmetic on positions, testable on
 its own (tests/test_record_order.py). `input_pipelines.tfrecord` turns it

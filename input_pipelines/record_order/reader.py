@@ -1,27 +1,52 @@
 """Records by number, from local TFRecord files and their indexes.
 
-Each file is memory-mapped once; a batch of record numbers becomes one bytes
-object holding their frames back to back, plus each frame's length, so the
-caller cuts it into records with one vectorized op (`tf.strings.substr`).
-Slicing an mmap costs 1.5-2 us a record here (510k-650k random records/s
-on one core), less than TFRecordDataset's sequential read (3.0-3.3 us):
-random access in the page cache is not slower than streaming. TensorFlow's
-own random-access reader (`tf_record_random_reader`) managed 1,181 records/s
-(benchmarks/README.md, "Global record order").
+A batch of record numbers becomes one bytes object holding their frames back
+to back, plus each frame's length, so the caller cuts it into records with
+one vectorized op (`tf.strings.substr`). Each frame is one `os.pread` from
+the page cache (random access there is not slower than streaming).
+
+Files are opened as they are needed and kept open in a bounded pool, one
+descriptor per file: ImageNet has 1,152 shards and Wikipedia-scale BERT
+records thousands, against a soft limit of 1,024 descriptors on many cluster
+nodes. When the pool is full the least recently used file is closed, and a
+file opened again must be the one the run indexed (same inode, size and
+modification time): a file replaced or rewritten during the run is refused,
+naming it, instead of yielding other records. Reads never map the files, so
+a file truncated under the reader is a short read and a one-line error, not
+a SIGBUS.
 
 Every frame's length field is checked against the index (one vectorized
-gather per batch): a file rewritten after its index was built fails, naming
-the file and record, instead of yielding garbage. CRCs are not checked here
-(the index command checks them once, `python -m input_pipelines.index_records`).
+gather per batch): a file rewritten in place after its index was built fails,
+naming the file and record. CRCs are not checked here (the index command
+checks them once, `python -m input_pipelines.index_records`).
 """
 
-import mmap
-from typing import List, Sequence, Tuple
+import collections
+import os
+import resource
+import threading
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
 from input_pipelines.record_order.index import (FRAME_BYTES, HEADER_BYTES,
                                                 RecordIndexError)
+
+# Descriptors left to the rest of the process (sockets, TensorFlow's own
+# files, other pipelines) when the pool's size comes from the limit.
+_RESERVED_DESCRIPTORS = 256
+_MIN_POOL = 16
+
+
+def default_pool_size(num_files: int) -> int:
+    """Descriptors one reader may hold: all its files when the soft
+    `RLIMIT_NOFILE` allows (a quarter of what is left after the reserve,
+    for the other pipelines of the process), else that quarter."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return num_files
+    share = max(_MIN_POOL, (soft - _RESERVED_DESCRIPTORS) // 4)
+    return max(1, min(num_files, share))
 
 
 class RecordReader:
@@ -29,10 +54,15 @@ class RecordReader:
 
     Args:
         files: Local TFRecord files.
-        offsets: Their indexes (`index.load`).
+        offsets: Their indexes (`index.load`); each ends with the file's
+            size.
+        max_open_files: Descriptors held at most (None: `default_pool_size`).
+
+    Safe to call from several threads (tf.data may run reads in parallel).
     """
 
-    def __init__(self, files: Sequence[str], offsets: Sequence[np.ndarray]):
+    def __init__(self, files: Sequence[str], offsets: Sequence[np.ndarray],
+                 max_open_files: Optional[int] = None):
         self.files = list(files)
         counts = np.array([len(o) - 1 for o in offsets], dtype=np.int64)
         # first[f]: number of file f's first record.
@@ -42,14 +72,13 @@ class RecordReader:
         # its last entry the file's end.
         self._offsets = np.concatenate(list(offsets)) if offsets else (
             np.zeros(0, np.int64))
-        self._maps: List[mmap.mmap] = []
-        self._handles = []
-        for name, count in zip(self.files, counts):
-            handle = open(name, "rb")
-            self._handles.append(handle)
-            self._maps.append(mmap.mmap(handle.fileno(), 0,
-                                        access=mmap.ACCESS_READ)
-                              if count else None)
+        self._sizes = [int(o[-1]) for o in offsets]
+        self.max_open_files = max(1, max_open_files or
+                                  default_pool_size(len(self.files)))
+        self._lock = threading.Lock()
+        self._open = collections.OrderedDict()  # file id -> fd, LRU first
+        self._pins = collections.Counter()      # file id -> reads under way
+        self._identity = {}  # file id -> (dev, inode, size, mtime) at open
 
     def locate(self, record_ids: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """(file index, record number within the file) of each record."""
@@ -65,18 +94,93 @@ class RecordReader:
 
         Raises:
             RecordIndexError: A frame's length field disagrees with the
-                index (the file changed after indexing), naming it.
+                index, or the file is shorter than indexed, or it was
+                replaced during the run (the message names it).
+            OSError: A file does not open (the message names it).
         """
         record_ids = np.asarray(record_ids, dtype=np.int64)
         file_ids, _ = self.locate(record_ids)
         slot = record_ids + file_ids
         starts, ends = self._offsets[slot], self._offsets[slot + 1]
-        maps = self._maps
-        blob = b"".join([maps[f][s:e] for f, s, e in zip(
-            file_ids.tolist(), starts.tolist(), ends.tolist())])
         lengths = ends - starts
+        starts, lengths_list = starts.tolist(), lengths.tolist()
+        pieces = [b""] * len(lengths_list)
+        # File by file, so that a read pins one descriptor at a time however
+        # many files the batch touches.
+        order = np.argsort(file_ids, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(file_ids[order])) + 1)
+        for group in groups:
+            if not len(group):
+                continue
+            f = int(file_ids[group[0]])
+            fd = self._acquire(f)
+            try:
+                for i in group.tolist():
+                    s, n = starts[i], lengths_list[i]
+                    piece = os.pread(fd, n, s)
+                    if len(piece) != n:
+                        raise RecordIndexError(
+                            f"{self.files[f]}: ends at byte {s + len(piece)}"
+                            f", inside a record its index places at bytes "
+                            f"{s}-{s + n} (the file was truncated during the "
+                            "run)")
+                    pieces[i] = piece
+            finally:
+                self._release(f)
+        blob = b"".join(pieces)
         self._check_lengths(blob, lengths, record_ids)
         return blob, lengths
+
+    # ---- the descriptor pool -------------------------------------------------
+
+    def _acquire(self, f: int) -> int:
+        """The descriptor of file `f`, pinned until `_release(f)`."""
+        with self._lock:
+            fd = self._open.get(f)
+            if fd is None:
+                self._make_room()
+                fd = self._open_file(f)
+                self._open[f] = fd
+            else:
+                self._open.move_to_end(f)
+            self._pins[f] += 1
+            return fd
+
+    def _release(self, f: int) -> None:
+        with self._lock:
+            self._pins[f] -= 1
+
+    def _make_room(self, wanted: int = 1) -> None:
+        """Closes unpinned files, least recently used first, until `wanted`
+        more fit (files pinned by reads under way stay open)."""
+        for f in list(self._open):
+            if len(self._open) + wanted <= self.max_open_files:
+                return
+            if not self._pins[f]:
+                os.close(self._open.pop(f))
+
+    def _open_file(self, f: int) -> int:
+        name = self.files[f]
+        try:
+            fd = os.open(name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise OSError(e.errno, f"{name}: {e.strerror}") from None
+        info = os.fstat(fd)
+        identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        known = self._identity.setdefault(f, identity)
+        problem = None
+        if info.st_size != self._sizes[f]:
+            problem = (f"has {info.st_size} bytes, its index "
+                       f"{self._sizes[f]}")
+        elif identity != known:
+            problem = "is another file than the one opened before"
+        if problem:
+            os.close(fd)
+            raise RecordIndexError(
+                f"{name}: {problem} (it was replaced or rewritten during the "
+                "run; records cannot change under a run: write new files "
+                "and start a run on them)")
+        return fd
 
     def _check_lengths(self, blob: bytes, lengths: np.ndarray,
                        record_ids: np.ndarray) -> None:
@@ -94,13 +198,16 @@ class RecordReader:
                 "it was indexed): rerun python -m input_pipelines."
                 f"index_records '{self.files[int(file_id[0])]}'")
 
+    def open_files(self) -> int:
+        """Descriptors held now."""
+        with self._lock:
+            return len(self._open)
+
     def close(self) -> None:
-        for m in self._maps:
-            if m is not None:
-                m.close()
-        for h in self._handles:
-            h.close()
-        self._maps, self._handles = [], []
+        with self._lock:
+            for fd in self._open.values():
+                os.close(fd)
+            self._open.clear()
 
 
 def split_offsets(lengths: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
