@@ -53,12 +53,13 @@ import dataclasses
 import functools
 import os
 import re
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Callable, Mapping, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 from absl import logging
 
 from input_pipelines import service as service_lib
+from input_pipelines.record_order import identity as order_identity
 from input_pipelines.record_order import index as record_index
 from input_pipelines.record_order import partition
 from input_pipelines.record_order.reader import RecordReader, split_offsets
@@ -339,10 +340,47 @@ class PositionedDatasetFn(DatasetFn):
     """A `DatasetFn` in the global order, with `at(position)`: the same
     pipelines from a global record position on. The Trainer calls it with
     the position its checkpoint holds, so a resumed run, on any worker
-    count, continues the uninterrupted run's order (`tfscale.trainer`)."""
+    count, continues the uninterrupted run's order (`tfscale.trainer`).
+
+    `order()` names what a position means (the record set and the seed,
+    `record_order/identity.py`); the Trainer keeps it in the checkpoint and
+    asks `reorder` where to start when a resumed run's records or seed
+    differ from the checkpoint's.
+    """
+
+    def __init__(self, build: Callable, config: "TFRecordConfig",
+                 start_position: int = 0, order: Optional[str] = None):
+        super().__init__(build, start_position)
+        self._config = config
+        self._order = order
 
     def at(self, position: int) -> "PositionedDatasetFn":
-        return PositionedDatasetFn(self._build, position)
+        return PositionedDatasetFn(self._build, self._config, position,
+                                   self._order)
+
+    def order(self) -> str:
+        """The identity of this order (JSON): files, record counts, seed."""
+        if self._order is None:
+            files = expand_files(self._config.input_files)
+            counts = [len(o) - 1 for o in record_index.load(files)]
+            seed = (DEFAULT_ORDER_SEED if self._config.seed is None
+                    else self._config.seed)
+            self._order = order_identity.describe(files, counts, seed)
+        return self._order
+
+    def reorder(self, saved: str, position: int,
+                global_batch_size: int) -> Tuple[int, Optional[str]]:
+        """(the position to start at, a line saying why it moved, or None)
+        for a run resumed at `position` of the order `saved` names."""
+        changed = order_identity.changes(saved, self.order())
+        if not changed:
+            return position, None
+        start, epoch = order_identity.restart_position(
+            saved, position, self.order(), global_batch_size)
+        return start, (
+            f"input differs from the checkpoint's ({'; '.join(changed)}): "
+            f"its position {position} belongs to another order, so the new "
+            f"order starts at its epoch {epoch}, global record {start}")
 
 
 def make_dataset_fn(config: TFRecordConfig, build: Callable) -> DatasetFn:
@@ -356,7 +394,7 @@ def make_dataset_fn(config: TFRecordConfig, build: Callable) -> DatasetFn:
             lambda seed: build(_service_records(config, seed), None, 0),
             config.service)
     if uses_global_order(config):
-        return PositionedDatasetFn(functools.partial(build, config))
+        return PositionedDatasetFn(functools.partial(build, config), config)
     return DatasetFn(functools.partial(build, config))
 
 

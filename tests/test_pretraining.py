@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import shutil
 import sys
 
 import pytest
@@ -111,8 +113,30 @@ def test_two_workers_loss_falls_checkpoints_once_and_resume(corpus, tmp_path):
                   "heartbeat"):
         assert noise not in output, noise
 
-    _, output = run_pretraining(2, pretrain_args(corpus, out, 50))
+    # Resumed on a record set with a shard more: the position of step 40
+    # belongs to the old set's order, so the new order starts at its next
+    # epoch, and the log says why.
+    more = tmp_path / "more"
+    shutil.copytree(corpus / "records", more)
+    first = sorted(more.glob("train-*.tfrecord"))[0]
+    shutil.copy(first, more / "train-extra.tfrecord")
+    args = pretrain_args(corpus, out, 50)
+    args[0] = f"--input_file={more}/train-*.tfrecord"
+    _, output = run_pretraining(2, args)
     assert f"resumed from {out}/checkpoints/ckpt-40 at step 40" in output
+    moved = re.search(
+        r"input differs from the checkpoint's \(1 file\(s\) added "
+        r"\(train-extra.tfrecord\); records (\d+) -> (\d+)\): its position "
+        r"1280 belongs to another order, so the new order starts at its "
+        r"epoch (\d+), global record (\d+)", output)
+    assert moved, output[-5000:]
+    old_n, new_n, epoch, start = map(int, moved.groups())
+    assert new_n > old_n and epoch == -(-1280 // old_n)
+    assert start == -(-epoch * new_n // 32) * 32
+    import tensorflow as tf
+    reader = tf.train.load_checkpoint(str(out / "checkpoints" / "ckpt-50"))
+    assert reader.get_tensor(
+        "input_position/.ATTRIBUTES/VARIABLE_VALUE") == start + 10 * 32
     resumed = json.loads((out / "summary.json").read_text())
     assert resumed["steps"] == 50
     assert len(resumed["intervals"]) == 2  # steps 45 and 50 only

@@ -354,3 +354,44 @@ def test_a_file_replaced_during_the_run_is_refused(tmp_path):
     os.remove(files[1])
     with pytest.raises(OSError, match=rf"{files[1]}: No such file"):
         reader.read(np.array([6]))
+
+
+def test_a_position_knows_the_order_it_counts_in():
+    from input_pipelines.record_order import identity
+    saved = identity.describe(["/d/a", "/d/b"], [10, 20], 3)
+    # Moved to another directory: the same order.
+    assert identity.changes(saved, identity.describe(
+        ["/e/a", "/e/b"], [10, 20], 3)) == []
+    assert identity.changes(saved, identity.describe(["/d/a"], [10], 3)) == [
+        "1 file(s) removed (b)", "records 30 -> 10"]
+    assert identity.changes(saved, identity.describe(
+        ["/d/a", "/d/b"], [10, 21], 4)) == [
+        "1 file(s) with other record counts (b)", "records 30 -> 31",
+        "seed 3 -> 4"]
+    grown = identity.describe(["/d/a", "/d/b", "/d/c"], [10, 20, 5], 3)
+    # Position 45 is inside epoch 1 of 30 records: the new order (35
+    # records) starts at its epoch 2, rounded up to a global batch of 8.
+    assert identity.restart_position(saved, 45, grown, 8) == (72, 2)
+    assert identity.restart_position(saved, 60, grown, 7) == (70, 2)
+
+
+def test_a_positioned_input_with_another_batch_size_is_refused(tmp_path):
+    from tests.test_trainer import make_trainer, mirrored, TWO_CPUS
+    from tfscale.trainer import TrainConfig
+    files = write_ids(tmp_path, [40, 40])
+    trainer = make_trainer(mirrored(TWO_CPUS),
+                           TrainConfig(global_batch_size=8))
+    parse = tfrecord.make_parse_fn(ID_SPEC, lambda f: (
+        tf.cast(tf.stack([f["id"]] * 6, 1), tf.float32),
+        tf.cast(f["id"][:, None], tf.float32)))
+    config = tfrecord.TFRecordConfig(files, seed=1)
+    for batch, fails in ((4, False), (8, True)):
+        dataset_fn = tfrecord.make_dataset_fn(
+            config, lambda c, context, start, b=batch: tfrecord.make_dataset(
+                c, b, parse, context, start))
+        if fails:
+            with pytest.raises(ValueError, match="the input's batches hold 8 "
+                               "examples per replica, the Trainer's 4"):
+                trainer.fit(dataset_fn, steps_per_epoch=2)
+        else:
+            trainer.fit(dataset_fn, steps_per_epoch=2)

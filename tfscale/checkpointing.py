@@ -15,6 +15,10 @@ A training checkpoint is the whole run:
     optimizer, step, loss_scale, metrics;
     input_position  records the run has consumed: a positioned input (the
                  global record order) resumes there, on any worker count;
+    input_order  what that position counts in (the record set and seed,
+                 `input_pipelines/record_order/identity.py`): a resume on
+                 other records or another seed starts the new order at its
+                 next epoch instead of in the middle of a different one;
     input        for other inputs, one file per worker: the state of its
                  tf.data iterator (file offsets, shuffle buffers, prefetched
                  batches), so a resume on the same worker count neither
@@ -245,7 +249,8 @@ class CheckpointKeeper:
         if path:
             check_restorable(self._checkpoint, path,
                              optional=("loss_scale", "metrics", "rng",
-                                       "model_extra", "input_position"))
+                                       "model_extra", "input_position",
+                                       "input_order"))
             self._checkpoint.restore(path).expect_partial()
         return path
 
@@ -308,11 +313,14 @@ class CheckpointKeeper:
 
 
 def training_trackables(model, optimizer, step, *, loss_scale=None,
-                        metrics=(), input_position=None) -> dict:
+                        metrics=(), input_position=None,
+                        input_order=None) -> dict:
     """What a training checkpoint holds (see the module docstring)."""
     trackables = dict(model=model, optimizer=optimizer, step=step)
     if input_position is not None:
         trackables["input_position"] = input_position
+    if input_order is not None:
+        trackables["input_order"] = input_order
     extra = unreachable_weights(model)
     if extra:
         names = ", ".join(v.path for v in extra[:3])

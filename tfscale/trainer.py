@@ -133,6 +133,10 @@ class Trainer:
             # count. -1: unknown (a checkpoint from before it was kept).
             self.input_position = tf.Variable(
                 0, dtype=tf.int64, trainable=False, name="input_position")
+            # What the position counts in (a positioned input's `order()`:
+            # its record set and seed); "" when unknown.
+            self.input_order = tf.Variable(
+                "", dtype=tf.string, trainable=False, name="input_order")
         _compat.disable_gradient_aggregation(optimizer)
         # Keras callbacks (TensorBoard, BackupAndRestore, ModelCheckpoint)
         # look for the optimizer where `compile` would have put it.
@@ -159,7 +163,8 @@ class Trainer:
         if config.checkpoint_dir:
             trackables = checkpointing.training_trackables(
                 model, optimizer, self.step, loss_scale=self.loss_scale,
-                metrics=self.metrics, input_position=self.input_position)
+                metrics=self.metrics, input_position=self.input_position,
+                input_order=self.input_order)
             barrier = self.collectives.barrier if self.num_workers > 1 else None
             self._keeper = checkpointing.CheckpointKeeper(
                 config.checkpoint_dir, is_chief=self.is_chief,
@@ -332,11 +337,30 @@ class Trainer:
                          worker_index=self.worker_index)
 
     def _position_feed(self, dataset_fn) -> None:
-        """(Re)builds a positioned input at `input_position`."""
+        """(Re)builds a positioned input at `input_position`.
+
+        Raises:
+            ValueError: Its per-replica batch is not the Trainer's: the
+                position advances by the global batch each step, so it
+                would drift from what the input delivered.
+        """
         if self._feed is not None:
             self._feed.close()
         self._feed = self._make_feed(
             dataset_fn.at(int(self.input_position.numpy())))
+        spec = tf.nest.flatten(self._feed.iterator.element_spec,
+                               expand_composites=True)[0]
+        delivered = spec.shape[0] if spec.shape.rank else None
+        if delivered is not None and delivered != self.per_replica_batch_size:
+            raise ValueError(
+                f"the input's batches hold {delivered} examples per replica, "
+                f"the Trainer's {self.per_replica_batch_size} (global batch "
+                f"{self.config.global_batch_size} over "
+                f"{self.collectives.num_replicas} replica(s) x "
+                f"{self.config.num_accumulation_steps} accumulation step(s)):"
+                " build the dataset_fn with trainer.per_replica_batch_size, "
+                "or the input position in checkpoints would not be where the "
+                "input is")
 
     def _fit(self, dataset_fn, callbacks, callback_list, worker_dir, watch,
              steps_per_epoch, epochs, validation_fn, validation_steps,
@@ -356,9 +380,12 @@ class Trainer:
                 self._keeper.track_input(self._feed.iterator)
             if self._keeper.latest:
                 self.input_position.assign(-1)  # unless the checkpoint has it
+                self.input_order.assign("")
             restored = self._keeper.restore_latest()
         self._settle_input_position()
+        reordered = None
         if positioned:
+            reordered = self._settle_input_order(dataset_fn)
             self._position_feed(dataset_fn)
         self.model._initial_epoch = None
         _compat.build_compiled_metrics(self.model, self.metrics,
@@ -386,7 +413,9 @@ class Trainer:
         start = int(self.step.numpy())
         if restored:
             self._saved_step = start
-            if positioned:
+            if reordered:
+                where = reordered
+            elif positioned:
                 where = (f"position restored (global record "
                          f"{int(self.input_position.numpy())}, the same "
                          "order on any worker count)")
@@ -544,6 +573,27 @@ class Trainer:
         if int(self.input_position.numpy()) < 0:
             self.input_position.assign(
                 int(self.step.numpy()) * self.config.global_batch_size)
+
+    def _settle_input_order(self, dataset_fn) -> Optional[str]:
+        """Checks that a restored position counts in this input's order (its
+        record set and seed); when they differ, moves the position to where
+        the input says the new order starts and returns the line saying so.
+        Records this input's order for the next checkpoint."""
+        order = getattr(dataset_fn, "order", None)
+        if order is None:
+            return None
+        current = order()
+        saved = self.input_order.numpy().decode()
+        self.input_order.assign(current)
+        if not saved:  # a fresh run, or a checkpoint from before orders
+            return None
+        position, message = dataset_fn.reorder(
+            saved, int(self.input_position.numpy()),
+            self.config.global_batch_size)
+        if message is None:
+            return None
+        self.input_position.assign(position)
+        return message
 
     def _local(self, value):
         return self.strategy.experimental_local_results(value)[0]
