@@ -313,6 +313,7 @@ class _Group:
 
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)$")
+_PEER_HOST = re.compile(r"^\s*Peer host:\s*(\S+)")
 _RANK_SIGNAL = re.compile(
     r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal (\d+)")
 _RANK_EXIT = re.compile(r"Process name: \[[^\]]*,(\d+)\]\s+Exit code:\s+(\d+)")
@@ -328,6 +329,11 @@ class _MpiGroup:
         self._lock = threading.Lock()
         self._mpirun_text = []
         self.last_lines = {}  # rank -> its error line (_remember)
+        # rank -> the host of an MPI peer it lost (Open MPI's "peer process
+        # has unexpectedly disconnected ... Peer host: H"): that rank is a
+        # victim, though it may abort before mpirun reports the rank that
+        # died.
+        self.lost_peer = {}
         self.proc = subprocess.Popen(
             list(command), env=dict(env), stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -344,6 +350,9 @@ class _MpiGroup:
             if tagged:
                 _remember(self.last_lines, int(tagged.group(1)),
                           tagged.group(2))
+                peer = _PEER_HOST.match(tagged.group(2))
+                if peer:
+                    self.lost_peer[int(tagged.group(1))] = peer.group(1)
                 line = f"[worker {tagged.group(1)}] {tagged.group(2)}"
             else:
                 self._mpirun_text.append(line)
@@ -376,29 +385,21 @@ class _MpiGroup:
     def all_done(self) -> bool:
         return self.proc.poll() is not None
 
-    def _ranks(self) -> List[int]:
-        """The rank processes: mpirun's children (mpirun itself would kill
-        the job at once on SIGTERM, before any rank could save)."""
-        try:
-            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children"
-                      ) as f:
-                return [int(pid) for pid in f.read().split()]
-        except OSError:
-            return []
-
     def signal_all(self, sig):
+        """SIGTERM and SIGINT reach every rank, on every host, as SIGUSR1
+        through mpirun (which forwards SIGUSR1 to all ranks but would end
+        them itself on SIGTERM, before they could save; the Trainer takes
+        either as a preemption request). Other signals go to mpirun's
+        process group."""
         if self.proc.poll() is not None:
             return
-        ranks = self._ranks() if sig != signal.SIGKILL else []
-        targets = ranks or [None]
-        for pid in targets:
-            try:
-                if pid is None:
-                    os.killpg(self.proc.pid, sig)
-                else:
-                    os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        try:
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                os.kill(self.proc.pid, signal.SIGUSR1)
+            else:
+                os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def stop(self, grace_seconds: float, sig=signal.SIGTERM):
         if sig is not None:
@@ -553,6 +554,10 @@ def _last_words(group, index: Optional[int], code: int) -> str:
     "" (a worker killed by a signal said nothing about it)."""
     if index is None or code <= 0:
         return ""
+    host = getattr(group, "lost_peer", {}).get(index)
+    if host:
+        return (f": it lost its MPI peer on {host} (a rank there died or was "
+                "killed first)")
     _, line = group.last_lines.get(index, (False, ""))
     return f": {line}" if line else ""
 

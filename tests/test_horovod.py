@@ -254,3 +254,25 @@ def test_mpi_output_buffers_are_host_tensors_filled_in_place():
     assert tensor.device.endswith("CPU:0"), tensor.device
     view[...] = 7.0
     assert tensor.numpy().tolist() == [[7.0] * 3] * 2
+
+
+def test_first_calls_mode_checks_each_name_three_times_then_trusts_it(fresh):
+    from tfscale.horovod import ops
+    state = _state.State(rank=0, size=2, local_rank=0, local_size=2,
+                         cross_rank=0, cross_size=1, homogeneous=True,
+                         check="first")
+    decisions = [ops._trusted(state, ops._ALLREDUCE, "grads")
+                 for _ in range(5)]
+    assert decisions == [False] * ops.FIRST_CHECKS + [True] * 2
+    assert not ops._trusted(state, ops._ALLREDUCE, "other")  # its own count
+    assert not any(ops._trusted(state, ops._ALLGATHER, "sizes")
+                   for _ in range(5))  # allgather needs every rank's size
+    assert state.sequence == 2  # trusted calls still count
+    every = _state.State(rank=0, size=2, local_rank=0, local_size=2,
+                         cross_rank=0, cross_size=1, homogeneous=True)
+    assert not any(ops._trusted(every, ops._ALLREDUCE, "grads")
+                   for _ in range(5))
+    _state._state = state
+    with pytest.raises(NotImplementedError, match="join\\(\\) needs every "
+                       "collective checked"):
+        hvd.join()

@@ -139,3 +139,8 @@ def test_kill9_then_sigterm_and_restarts_end_bit_identical(
     assert 15 <= step < STEPS, step
     assert f"at step {step}; input position restored" in output
     assert_bit_identical(uninterrupted(variant), final_state(out))
+    # Every log interval is on disk: the attempt killed with -9 (steps 5,
+    # 10), the one preempted (15), and the last.
+    from tests.test_failures import assert_every_interval_written
+    assert_every_interval_written(out / "tensorboard" / "train",
+                                  list(range(5, STEPS + 1, 5)))

@@ -222,6 +222,22 @@ def environment_seconds(name: str,
     return value or None
 
 
+def environment_choice(name: str, choices: Sequence[str], default: str,
+                       environ: Mapping[str, str] = None) -> str:
+    """The value of the environment variable `name`, one of `choices`
+    (unset or empty: `default`).
+
+    Raises:
+        ClusterError: Another value.
+    """
+    environ = os.environ if environ is None else environ
+    text = environ.get(name, "").strip() or default
+    if text not in choices:
+        raise ClusterError(f"{name} must be one of {', '.join(choices)}, got "
+                           f"{text!r}")
+    return text
+
+
 def prepare_mpi_environment() -> None:
     """Sets `pypi_open_mpi_environment` in this process (before MPI starts)."""
     os.environ.update(pypi_open_mpi_environment(os.environ, sys.prefix))

@@ -1,4 +1,4 @@
-"""Preemption: SIGTERM -> an agreed step -> a checkpoint -> a known exit code.
+"""Preemption: SIGTERM (or SIGUSR1) -> an agreed step -> a checkpoint -> exit 143.
 
 SLURM and Kubernetes send SIGTERM some seconds before they kill a job. Under
 MultiWorkerMirroredStrategy TensorFlow's coordination service catches it and,
@@ -38,14 +38,21 @@ class Preempted(SystemExit):
                 f"{' to ' + self.checkpoint if self.checkpoint else ''}")
 
 
+# What asks a run to save and exit: SIGTERM (Kubernetes, SLURM at the end
+# of a job, a user); SIGUSR1 (SLURM's `--signal=USR1@SECONDS` warning, and
+# what tfscale's MPI launchers send: mpirun forwards SIGUSR1 to every rank on
+# every host, but ends the ranks itself on SIGTERM, before they can save).
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
 class SignalWatch:
-    """Records SIGTERM while active (a context manager).
+    """Records a preemption signal while active (a context manager).
 
     Only the main thread can install signal handlers; elsewhere it watches
     nothing and `requested` stays False.
     """
 
-    def __init__(self, signals=(signal.SIGTERM,)):
+    def __init__(self, signals=PREEMPTION_SIGNALS):
         self._signals = signals
         self._previous = {}
         self.requested = False

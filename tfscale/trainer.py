@@ -542,7 +542,7 @@ class Trainer:
                 # Exit together: an MPI launcher ends the job as soon as one
                 # rank exits, possibly before the chief's checkpoint is done.
                 self.leave_together()
-                self._log(f"preempted (SIGTERM): saved step {step}, exiting "
+                self._log(f"preempted (SIGTERM/SIGUSR1): saved step {step}, exiting "
                           "with code 143")
                 raise Preempted(step, self.checkpoint_path)
             if (self.config.save_checkpoints_steps

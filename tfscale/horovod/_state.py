@@ -16,6 +16,7 @@ from tfscale import cluster
 from tfscale import fail_fast
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+CHECKS = ("every", "first")
 
 
 @dataclasses.dataclass
@@ -33,6 +34,10 @@ class State:
     mpi: object = None         # the mpi4py.MPI module
     watchdog: object = None    # aborts a collective that waits too long
     sequence: int = 0          # collectives issued so far (the same on all)
+    # "every": every collective agrees on its arguments first; "first": only
+    # the first FIRST_CHECKS calls of each name (TFSCALE_HOROVOD_CHECK).
+    check: str = "every"
+    checked: dict = dataclasses.field(default_factory=dict)
     joined_at: Optional[int] = None
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
@@ -86,7 +91,9 @@ def init(comm=None, process_sets=None) -> None:
     state = State(rank=comm.rank, size=comm.size, local_rank=local.rank,
                   local_size=local.size, cross_rank=cross.rank,
                   cross_size=cross.size,
-                  homogeneous=len(set(local_sizes)) == 1, comm=comm, mpi=MPI)
+                  homogeneous=len(set(local_sizes)) == 1, comm=comm, mpi=MPI,
+                  check=cluster.environment_choice(
+                      "TFSCALE_HOROVOD_CHECK", CHECKS, "every"))
     local.Free()
     cross.Free()
     stall = cluster.environment_seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
