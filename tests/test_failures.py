@@ -58,18 +58,24 @@ def assert_every_interval_written(log_dir, steps):
         assert tags <= written.get(step, set()), (step, written)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + ["keras_fit"])
 def test_exception_in_a_user_script_ends_every_worker_and_keeps_the_logs(
         tmp_path, backend):
+    """A Trainer script on both backends, and plain `model.fit` with
+    `tfscale.enable_multi_worker_fit` (MWMS)."""
     out = tmp_path / "out"
     out.mkdir()
-    command = launcher(backend) + [
+    if backend == "keras_fit":
+        script = ["--keras_fit", "--steps", "200"]
+    else:
+        script = ["--backend", backend, "--steps", "4", "--epochs", "200",
+                  "--csv", str(tmp_path / "log.csv"),
+                  "--tensorboard", str(tmp_path / "tb"),
+                  "--backup_dir", str(tmp_path / "backup")]
+    command = launcher("mpi" if backend == "mpi" else "mwms") + [
         sys.executable, "-m", "tests.workers.train_worker", "--out", str(out),
-        "--backend", backend, "--steps", "4", "--epochs", "200",
         "--raise_at", "10", "--collective_timeout", str(COLLECTIVE_TIMEOUT),
-        "--csv", str(tmp_path / "log.csv"),
-        "--tensorboard", str(tmp_path / "tb"),
-        "--backup_dir", str(tmp_path / "backup")]
+        *script]
     code, output = run_command(command, timeout=4 * COLLECTIVE_TIMEOUT)
     ended = time.time()
     assert code == 1, output[-5000:]
@@ -81,6 +87,8 @@ def test_exception_in_a_user_script_ends_every_worker_and_keeps_the_logs(
             "failed: RuntimeError: injected failure at step 10; ending the "
             "job; stopping the other workers") in output, output[-5000:]
     assert "Traceback" in output  # the traceback is printed, then the line
+    if backend == "keras_fit":
+        return
     # Epochs 0 and 1 (steps 1-8) ended before the failure (epoch 2).
     rows = (tmp_path / "log.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["0", "1"], rows

@@ -18,7 +18,9 @@ it were alone. After `tfscale.enable_multi_worker_fit()`, a `fit` under MWMS:
     gradients, the same on every worker (Keras clips each replica's partial
     gradients, fact 8, and a worker whose local gradients overflow would
     skip an all-reduce the others enter);
-  * prints progress on the chief only.
+  * prints progress on the chief only;
+  * makes an uncaught error on one worker end the job at once
+    (`fail_fast.py`), instead of leaving its peers in a collective.
 
 What it cannot make correct fails before training with one line that points
 to `tfscale.Trainer`: Keras's `gradient_accumulation_steps` (its
@@ -35,7 +37,8 @@ import tensorflow as tf
 
 from tfscale import _compat
 from tfscale import callback_files
-from tfscale.cluster import chief_and_worker_count
+from tfscale import fail_fast
+from tfscale.cluster import chief_and_worker_count, worker_index
 from tfscale.collectives import StrategyCollectives
 
 
@@ -64,7 +67,9 @@ def _multi_worker_fit(fit, model, *args, **kwargs):
     is_chief, num_workers = chief_and_worker_count(strategy)
     if num_workers == 1:
         return fit(model, *args, **kwargs)
-    # Several workers: files, stopping, output.
+    # Several workers: failures, files, stopping, output. An uncaught error
+    # on this worker ends the job at once (fail_fast.py).
+    fail_fast.install(f"worker {worker_index(strategy)}")
     arguments = inspect.signature(fit).bind(model, *args, **kwargs).arguments
     arguments.pop("self", None)
     callbacks = list(arguments.get("callbacks") or [])

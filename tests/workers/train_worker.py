@@ -245,8 +245,20 @@ def keras_fit(args, info, strategy, model, optimizer, x, y):
                                     b[start:start + per_worker]))
 
     dataset = strategy.distribute_datasets_from_function(dataset_fn)
+    callbacks = []
+    if args.raise_at:
+        class Raise(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch + 1 == args.raise_at and info.worker_index == 1:
+                    with open(os.path.join(args.out, "raised_at.json"),
+                              "w") as f:
+                        json.dump({"time": time.time(), "step": batch + 1},
+                                  f)
+                    raise RuntimeError(
+                        f"injected failure at step {batch + 1}")
+        callbacks.append(Raise())
     history = model.fit(dataset, steps_per_epoch=args.steps, epochs=1,
-                        verbose=0)
+                        verbose=0, callbacks=callbacks)
     np.savez(os.path.join(args.out, f"weights_{info.worker_index}.npz"),
              *[v.numpy() for v in model.trainable_variables])
     with open(os.path.join(args.out, f"events_{info.worker_index}.json"),
