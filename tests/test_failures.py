@@ -162,6 +162,9 @@ def test_two_thousand_shards_under_a_1024_descriptor_limit(corpus, tmp_path):  #
         ["bash", "-c", f"ulimit -Sn 1024 -Hn 1024 && exec {command}"],
         timeout=400)
     assert code == 0, output[-5000:]
-    assert "indexed 2000 record file(s)" in output, output[-3000:]
+    # (Both workers index at the start; each saves what it built, so they
+    # share the work.)
+    assert re.search(r"indexed \d+ record file\(s\)", output), output[-3000:]
+    assert "global order of 4000 records in 2000 files" in output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["num_workers"] == 2
