@@ -24,6 +24,7 @@ import time
 import pytest
 
 from tests.conftest import REPO, run_command
+from tests.test_launch import processes_mentioning
 from tests.test_pretraining import corpus, pretrain_args  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -64,17 +65,9 @@ def wait_for(path, pattern, timeout=240):
 
 def pids_on(host, marker):
     """PIDs of processes in `host`'s namespace whose command has `marker`."""
-    out = subprocess.run(["ip", "netns", "pids", host], text=True,
-                         stdout=subprocess.PIPE).stdout.split()
-    found = []
-    for pid in out:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
+    inside = subprocess.run(["ip", "netns", "pids", host], text=True,
+                            stdout=subprocess.PIPE).stdout.split()
+    return sorted(set(processes_mentioning(marker)) & set(map(int, inside)))
 
 
 def tfscale_run(hosts_arg, np, *command):
