@@ -314,6 +314,8 @@ class _Group:
 
 _TAGGED = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)$")
 _PEER_HOST = re.compile(r"^\s*Peer host:\s*(\S+)")
+_LOST_CONNECTION = re.compile(r"peer process has unexpectedly disconnected|"
+                              r"An error occurred in Socket closed")
 _RANK_SIGNAL = re.compile(
     r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal (\d+)")
 _RANK_EXIT = re.compile(r"Process name: \[[^\]]*,(\d+)\]\s+Exit code:\s+(\d+)")
@@ -330,9 +332,9 @@ class _MpiGroup:
         self._mpirun_text = []
         self.last_lines = {}  # rank -> its error line (_remember)
         # rank -> the host of an MPI peer it lost (Open MPI's "peer process
-        # has unexpectedly disconnected ... Peer host: H"): that rank is a
-        # victim, though it may abort before mpirun reports the rank that
-        # died.
+        # has unexpectedly disconnected ... Peer host: H"; None when Open MPI
+        # said only "Socket closed"): that rank is a victim, though it may
+        # abort before mpirun reports the rank that died.
         self.lost_peer = {}
         self.proc = subprocess.Popen(
             list(command), env=dict(env), stdout=subprocess.PIPE,
@@ -350,9 +352,12 @@ class _MpiGroup:
             if tagged:
                 _remember(self.last_lines, int(tagged.group(1)),
                           tagged.group(2))
-                peer = _PEER_HOST.match(tagged.group(2))
+                rank, text = int(tagged.group(1)), tagged.group(2)
+                peer = _PEER_HOST.match(text)
                 if peer:
-                    self.lost_peer[int(tagged.group(1))] = peer.group(1)
+                    self.lost_peer[rank] = peer.group(1)
+                elif _LOST_CONNECTION.search(text):
+                    self.lost_peer.setdefault(rank, None)
                 line = f"[worker {tagged.group(1)}] {tagged.group(2)}"
             else:
                 self._mpirun_text.append(line)
@@ -554,10 +559,13 @@ def _last_words(group, index: Optional[int], code: int) -> str:
     "" (a worker killed by a signal said nothing about it)."""
     if index is None or code <= 0:
         return ""
-    host = getattr(group, "lost_peer", {}).get(index)
-    if host:
-        return (f": it lost its MPI peer on {host} (a rank there died or was "
-                "killed first)")
+    lost = getattr(group, "lost_peer", {})
+    if index in lost:
+        if lost[index]:
+            return (f": it lost its MPI peer on {lost[index]} (a rank there "
+                    "died or was killed first)")
+        return (": it lost an MPI connection (another rank died or was "
+                "killed first; mpirun names the first rank to abort)")
     _, line = group.last_lines.get(index, (False, ""))
     return f": {line}" if line else ""
 

@@ -254,3 +254,28 @@ def test_sigterm_reaches_every_worker_and_exits_143(tmp_path):
     assert "SIGTERM: passing it to all workers" in output
     assert os.path.exists(marker + ".0") and os.path.exists(marker + ".1")
     assert processes_mentioning(marker) == []
+
+
+def test_a_rank_that_aborts_on_a_lost_peer_is_called_a_victim():
+    """Across hosts Open MPI may report the rank that lost its connection to
+    a killed peer before the killed one: the launcher says so, with the
+    peer's host when Open MPI names it."""
+    import io
+    for said, expected in (
+            ("[1,0]<stderr>:   Peer host:  node2",
+             "it lost its MPI peer on node2 (a rank there died or was "
+             "killed first)"),
+            ("[1,0]<stderr>: [node1:00000] *** An error occurred in Socket "
+             "closed", "it lost an MPI connection (another rank died or was "
+             "killed first; mpirun names the first rank to abort)"),
+            ("[1,0]<stderr>: ValueError: bad value",
+             "ValueError: bad value")):
+        script = (f"echo '{said}'; echo 'prterun has exited due to process "
+                  "rank 0 with PID 0 on node node1 calling \"abort\".'; "
+                  "exit 14")
+        out = io.StringIO()
+        group = local._MpiGroup(["sh", "-c", script], dict(os.environ), out)
+        group.proc.wait()
+        index, code = group.first_failure()
+        assert (index, code) == (0, 14), out.getvalue()
+        assert local._last_words(group, index, code) == f": {expected}"
