@@ -378,7 +378,7 @@ class PositionedDatasetFn(DatasetFn):
         start, epoch = order_identity.restart_position(
             saved, position, self.order(), global_batch_size)
         return start, (
-            f"input differs from the checkpoint's ({'; '.join(changed)}): "
+            f"differs from the checkpoint's ({'; '.join(changed)}): "
             f"its position {position} belongs to another order, so the new "
             f"order starts at its epoch {epoch}, global record {start}")
 

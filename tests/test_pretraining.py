@@ -125,7 +125,7 @@ def test_two_workers_loss_falls_checkpoints_once_and_resume(corpus, tmp_path):
     _, output = run_pretraining(2, args)
     assert f"resumed from {out}/checkpoints/ckpt-40 at step 40" in output
     moved = re.search(
-        r"input differs from the checkpoint's \(1 file\(s\) added "
+        r"at step 40; input differs from the checkpoint's \(1 file\(s\) added "
         r"\(train-extra.tfrecord\); records (\d+) -> (\d+)\): its position "
         r"1280 belongs to another order, so the new order starts at its "
         r"epoch (\d+), global record (\d+)", output)
