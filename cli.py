@@ -173,3 +173,42 @@ def data_service_from_flags(flags_values, output_dir: str,
         job_name=service.job_name_for(output_dir),
         compression=flags_values.data_service_compression,
         connect_timeout_seconds=connect_timeout)
+
+
+def define_noise_scale_flags(flags, default_groups: str = "", **kwargs
+                             ) -> None:
+    """The gradient noise scale flags of an entry point (`kwargs`: its
+    `module_name` section); `default_groups` as --noise_scale_groups."""
+    flags.DEFINE_enum(
+        "noise_scale", "plain", ["plain", "preconditioned", "off"],
+        "Measure the gradient noise scale B_simple (the critical batch "
+        "estimate) in every step, at no extra collective: plain, "
+        "preconditioned (Adam/LAMB: gradients over sqrt(v_hat)+eps) or off. "
+        "Needs >= 2 micro-batches per step (workers x accumulation).",
+        **kwargs)
+    flags.DEFINE_float(
+        "noise_scale_decay", 0.99, "Moving-average decay of the noise "
+        "scale's estimates (window about 1/(1-decay) steps).", **kwargs)
+    flags.DEFINE_string(
+        "noise_scale_groups", default_groups, "Also measure per variable "
+        "group: name=regex[|regex],... on variable paths ('' : the whole "
+        "model only).", **kwargs)
+
+
+def noise_scale_from_flags(flags_values):
+    """A `NoiseScaleConfig` from `define_noise_scale_flags`' flags.
+
+    Raises:
+        ValueError: "--noise_scale...: ..." naming the flag at fault.
+    """
+    from tfscale import noise_scale
+    try:
+        groups = noise_scale.parse_groups(flags_values.noise_scale_groups)
+    except ValueError as e:
+        raise ValueError(f"--noise_scale_groups: {e}") from None
+    try:
+        return noise_scale.NoiseScaleConfig(
+            mode=flags_values.noise_scale,
+            decay=flags_values.noise_scale_decay, groups=groups)
+    except ValueError as e:
+        raise ValueError(f"--noise_scale: {e}") from None

@@ -22,6 +22,7 @@ import sys
 from absl import app, flags
 
 from cli import (data_service_from_flags, define_data_service_flags,
+                 define_noise_scale_flags, noise_scale_from_flags,
                  quiet_tensorflow, run_job)
 
 FLAGS = flags.FLAGS
@@ -79,8 +80,10 @@ flags.DEFINE_integer("num_warmup_steps", 100, "Linear warmup steps.", **OPTIM)
 flags.DEFINE_enum("lr_schedule", "polynomial", ["polynomial", "cosine",
                                                 "constant"],
                   "Decay after warmup.", **OPTIM)
-flags.DEFINE_enum("lr_scaling", "none", ["none", "linear", "sqrt"],
-                  "Scale --learning_rate from --reference_batch_size.", **OPTIM)
+flags.DEFINE_enum("lr_scaling", "none", ["none", "linear", "sqrt", "adascale"],
+                  "Scale --learning_rate from --reference_batch_size "
+                  "(adascale: by the gain the gradient noise scale gives at "
+                  "every step; --optimizer=sgd).", **OPTIM)
 flags.DEFINE_integer("reference_batch_size", 0, "Batch the rate was tuned at.",
                      **OPTIM)
 flags.DEFINE_enum("optimizer", "lamb", ["lamb", "adamw", "sgd"], "Optimizer.",
@@ -135,6 +138,11 @@ flags.DEFINE_integer("iterations_per_loop", 100,
                      "Steps per host loop: the loss/throughput log interval.",
                      **RUN)
 flags.DEFINE_string("profile_steps", None, "Profile steps 'first,last'.", **RUN)
+# BERT's variable groups (paths of models/bert.py's pretrainer).
+BERT_NOISE_SCALE_GROUPS = ("embeddings=_embeddings/|embedding_layer_norm,"
+                           "encoder=encoder/layer_,"
+                           "head=pooler|mlm_|nsp")
+define_noise_scale_flags(flags, BERT_NOISE_SCALE_GROUPS, **RUN)
 
 TPU = _concern(6, "Google's TPU flags (accepted; TPUs are not supported)")
 flags.DEFINE_bool("use_tpu", False, "Must be False.", **TPU)
@@ -314,7 +322,8 @@ def config_from_flags():
                 precision=precision_name,
                 checkpoint_dir=os.path.join(FLAGS.output_dir, "checkpoints"),
                 save_checkpoints_steps=FLAGS.save_checkpoints_steps,
-                log_steps=FLAGS.iterations_per_loop, verbose=2),
+                log_steps=FLAGS.iterations_per_loop, verbose=2,
+                noise_scale=noise_scale_from_flags(FLAGS)),
             output_dir=FLAGS.output_dir,
             do_train=FLAGS.do_train,
             eval_records=eval_records,

@@ -23,6 +23,7 @@ import sys
 from absl import app, flags
 
 from cli import (data_service_from_flags, define_data_service_flags,
+                 define_noise_scale_flags, noise_scale_from_flags,
                  quiet_tensorflow, run_job)
 
 FLAGS = flags.FLAGS
@@ -57,7 +58,8 @@ flags.DEFINE_enum("optimizer", "sgd", ["sgd", "lamb", "adamw"], "Optimizer "
                   "(sgd: with --momentum).")
 flags.DEFINE_float("learning_rate", 0.1, "Peak learning rate at "
                    "--reference_batch_size.")
-flags.DEFINE_enum("lr_scaling", "linear", ["none", "linear", "sqrt"],
+flags.DEFINE_enum("lr_scaling", "linear", ["none", "linear", "sqrt",
+                                           "adascale"],
                   "Scale --learning_rate to --train_batch_size.")
 flags.DEFINE_integer("reference_batch_size", 256, "Batch --learning_rate is "
                      "given for.")
@@ -100,6 +102,7 @@ flags.DEFINE_integer("log_steps", 100, "Loss/throughput log interval.")
 flags.DEFINE_integer("timed_steps_per_log", 4, "Steps per log interval run "
                      "part by part to measure the time split (0: none; "
                      "saves tracing the step a second time).")
+define_noise_scale_flags(flags)
 
 
 def fail(message: str):
@@ -161,7 +164,8 @@ def config_from_flags():
                 checkpoint_dir=os.path.join(FLAGS.output_dir, "checkpoints"),
                 save_checkpoints_steps=FLAGS.save_checkpoints_steps,
                 log_steps=FLAGS.log_steps,
-                timed_steps_per_log=FLAGS.timed_steps_per_log, verbose=2),
+                timed_steps_per_log=FLAGS.timed_steps_per_log, verbose=2,
+                noise_scale=noise_scale_from_flags(FLAGS)),
             output_dir=FLAGS.output_dir,
             label_smoothing=FLAGS.label_smoothing,
             do_train=FLAGS.do_train,

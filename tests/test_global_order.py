@@ -1,9 +1,14 @@
 """The same run at any scale, on the real path: run_pretraining.py through
 launch.local, BERT without dropout on shuffled records made by the writer,
---deterministic. 1, 2 and 3 workers end at the same weights (within float
-summation order), and a run cut at step 6 on 3 workers and resumed on 2
-ends there too: the input position is a global record position, restored
-in O(1) on any worker count. (The same global batches on 1-8 workers and
+--deterministic. 1 worker x 6 accumulation steps, 2 x 3 and 3 x 2 end at the
+same weights (within float summation order), and a run cut at step 6 on 3
+workers and resumed on 2 ends there too: the input position is a global
+record position, restored in O(1) on any worker count.
+
+The same runs hold the gradient noise scale's promise: its estimate comes
+from the same 6 micro-batches per step on every worker count (the global
+order), so 1, 2 and 3 workers report the same B_simple and its moving
+averages, in the checkpoint, continue across the resume. (The same global batches on 1-8 workers and
 resumes from 2 on 1, 3 and 4 are counted record by record in
 test_record_order.py; 2 -> 1 -> 2 workers resume in test_multiworker.py.)
 
@@ -22,11 +27,13 @@ from tests.test_pretraining import corpus, pretrain_args, run_pretraining  # noq
 
 pytestmark = pytest.mark.slow
 STEPS, CUT, GLOBAL_BATCH = 12, 6, 24  # 288 records: past one epoch
+MICRO_BATCHES = 6  # per step: workers x accumulation steps, 4 records each
 
 
-def args(corpus, out, *extra):  # noqa: F811
+def args(corpus, out, workers, *extra):  # noqa: F811
     return pretrain_args(corpus, out, STEPS, f"--bert_config_file={corpus}/"
                          "no_dropout.json", f"--train_batch_size={GLOBAL_BATCH}",
+                         f"--num_accumulation_steps={MICRO_BATCHES // workers}",
                          f"--save_checkpoints_steps={CUT}", "--log_steps=6",
                          "--deterministic", "--seed=11", *extra)
 
@@ -52,6 +59,13 @@ def cut_at(source, target, step):
         f'all_model_checkpoint_paths: "ckpt-{step}"\n')
 
 
+def noise_scale(out):
+    """The run's gradient noise scale numbers (summary.json)."""
+    summary = json.loads((out / "summary.json").read_text())["noise_scale"]
+    return {key: summary[key] for key in ("b_simple", "gradient_squared",
+                                          "trace_sigma", "steps_averaged")}
+
+
 def assert_same_run(reference, other, label):
     assert sorted(reference) == sorted(other)
     for key, value in reference.items():
@@ -67,24 +81,28 @@ def test_one_to_three_workers_and_a_resume_across_counts_end_at_the_same_weights
     runs = {}
     for workers in (1, 2, 3):
         out = tmp_path / f"w{workers}"
-        run_pretraining(workers, args(corpus, out))
+        run_pretraining(workers, args(corpus, out, workers))
         runs[workers] = out
     reference = state(runs[1])
     assert int(reference["input_position/.ATTRIBUTES/VARIABLE_VALUE"]) == (
         STEPS * GLOBAL_BATCH)
+    noise = noise_scale(runs[1])
+    assert noise["steps_averaged"] == STEPS and noise["b_simple"] > 0
     for workers in (2, 3):
         assert_same_run(reference, state(runs[workers]), f"{workers} workers")
+        assert noise_scale(runs[workers]) == pytest.approx(noise, rel=1e-3)
     # Negative control: the same comparison fails when the records are
     # dealt out per worker (the order then depends on the worker count).
     sharded = tmp_path / "sharded2"
-    run_pretraining(2, args(corpus, sharded, "--input_order=sharded"))
+    run_pretraining(2, args(corpus, sharded, 2, "--input_order=sharded"))
     with pytest.raises(AssertionError):
         assert_same_run(reference, state(sharded), "2 workers, sharded")
     for before, after in ((3, 2),):
         out = tmp_path / f"r{before}{after}"
         cut_at(runs[before], out, CUT)
-        _, output = run_pretraining(after, args(corpus, out))
+        _, output = run_pretraining(after, args(corpus, out, after))
         assert (f"at step {CUT}; input position restored (global record "
                 f"{CUT * GLOBAL_BATCH}, the same order on any worker count)"
                 in output)
         assert_same_run(reference, state(out), f"{before} -> {after} workers")
+        assert noise_scale(out) == pytest.approx(noise, rel=1e-3)

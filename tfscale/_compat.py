@@ -282,3 +282,26 @@ def coordination_service():
     if not ctx.coordination_service:
         return None
     return ctx
+
+
+def second_moments(optimizer, variables):
+    """The second-moment slots (Adam's v) of an Adam-family optimizer, one
+    per variable in `variables`' order; None if it keeps none.
+
+    Keras 3's Adam/AdamW and tfscale's LAMB keep them in `_velocities`,
+    indexed by `_get_variable_index` (not public API).
+    """
+    moments = getattr(optimizer, "_velocities", None)
+    if not moments or not all(hasattr(optimizer, a)
+                              for a in ("beta_2", "epsilon")):
+        return None
+    return [moments[optimizer._get_variable_index(v)] for v in variables]
+
+
+def learning_rate_schedule(optimizer):
+    """The optimizer's `LearningRateSchedule`, or None for a fixed rate
+    (Keras 3 keeps the schedule object in `_learning_rate`)."""
+    schedule = getattr(optimizer, "_learning_rate", None)
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        return schedule
+    return None

@@ -22,7 +22,9 @@ A training checkpoint is the whole run:
     input        for other inputs, one file per worker: the state of its
                  tf.data iterator (file offsets, shuffle buffers, prefetched
                  batches), so a resume on the same worker count neither
-                 re-reads nor skips a record.
+                 re-reads nor skips a record;
+    noise_scale, adascale  the gradient noise scale's moving averages and
+                 AdaScale's gain and progress (`noise_scale.py`).
 
 The chief writes the main checkpoint; every worker writes its own input
 state under `input/worker-<i>-of-<n>/` in the same (shared) directory. Each
@@ -250,7 +252,8 @@ class CheckpointKeeper:
             check_restorable(self._checkpoint, path,
                              optional=("loss_scale", "metrics", "rng",
                                        "model_extra", "input_position",
-                                       "input_order"))
+                                       "input_order", "noise_scale",
+                                       "adascale"))
             self._checkpoint.restore(path).expect_partial()
         return path
 
@@ -314,9 +317,16 @@ class CheckpointKeeper:
 
 def training_trackables(model, optimizer, step, *, loss_scale=None,
                         metrics=(), input_position=None,
-                        input_order=None) -> dict:
+                        input_order=None, noise_scale=None,
+                        adascale=None) -> dict:
     """What a training checkpoint holds (see the module docstring)."""
     trackables = dict(model=model, optimizer=optimizer, step=step)
+    # The gradient noise scale's EMAs and AdaScale's gain and progress
+    # ({name: variable}): a resume continues them.
+    for name, value in (("noise_scale", noise_scale),
+                        ("adascale", adascale)):
+        if value:
+            trackables[name] = dict(value)
     if input_position is not None:
         trackables["input_position"] = input_position
     if input_order is not None:

@@ -21,6 +21,7 @@ import tensorflow as tf
 from tfscale import checkpointing
 from tfscale import cluster as cluster_lib
 from tfscale import collectives
+from tfscale import noise_scale
 from tfscale import precision as precision_lib
 from tfscale.cluster import ClusterConfig
 from tfscale.timing import IntervalLog
@@ -91,8 +92,9 @@ def make_trainer(*, model, optimizer, loss_fn, strategy, metrics,
     """The Trainer over the cluster's backend.
 
     Raises:
-        JobError: The backend is not installed (--backend), or the batch
-            does not divide (--train_batch_size).
+        JobError: The backend is not installed (--backend), the batch
+            does not divide (--train_batch_size), or AdaScale cannot measure
+            its gain (--lr_scaling).
     """
     try:
         backend = collectives.make(cluster.backend, strategy,
@@ -104,7 +106,9 @@ def make_trainer(*, model, optimizer, loss_fn, strategy, metrics,
                        strategy=strategy, config=train, metrics=metrics,
                        backend=backend)
     except ValueError as e:
-        raise JobError("train_batch_size", str(e)) from None
+        setting = ("lr_scaling" if str(e).startswith("AdaScale")
+                   else "train_batch_size")
+        raise JobError(setting, str(e)) from None
 
 
 def fit(trainer: Trainer, dataset_fn, steps: int, output_dir: str,
@@ -141,7 +145,9 @@ def run_results(trainer: Trainer, info, backend: str, wall_seconds: float,
             "wall_seconds": wall_seconds,
             "examples_per_second": intervals.mean_examples_per_second(),
             "intervals": intervals.rows,
-            "checkpoint": trainer.checkpoint_path}
+            "checkpoint": trainer.checkpoint_path,
+            "noise_scale": (trainer.noise_scale.summary()
+                            if trainer.noise_scale else None)}
 
 
 def workers_line(info, trainer: Trainer) -> str:
@@ -173,6 +179,10 @@ def done_summary(title: str, results: dict, unit: str = "examples") -> str:
              f"intervals), {results['wall_seconds']:.1f} s",
              f"  loss {first:.4f} (first interval) -> {last:.4f} (last)",
              f"  checkpoint {results['checkpoint']}"]
+    sentence = noise_scale.closing_sentence(results.get("noise_scale"),
+                                            results["steps"])
+    if sentence:
+        lines.append(sentence)
     if "export" in results:
         lines.append(f"  export {results['export']}")
     if "eval" in results:

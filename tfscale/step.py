@@ -34,6 +34,8 @@ from typing import Callable, Optional, Sequence
 import keras
 import tensorflow as tf
 
+from tfscale import noise_scale as noise_lib
+
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
@@ -53,6 +55,8 @@ class StepConfig:
     clip_global_norm: Optional[float] = None
     log_steps: int = 100
     timed_steps_per_log: int = 4
+    noise_scale: noise_lib.NoiseScaleConfig = noise_lib.NoiseScaleConfig(
+        mode="off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +68,8 @@ class StepResult:
         stop, preempt: Whether any worker raised the flag for this step.
         metrics: {name: value} of the metrics after this step.
         skipped: fp16: the update was skipped (non-finite gradients).
+        noise: The gradient noise scale's numbers for this step
+            (`noise_scale.NoiseScale.update`), or None when not measured.
     """
 
     loss: float
@@ -71,6 +77,7 @@ class StepResult:
     preempt: bool
     metrics: dict
     skipped: bool = False
+    noise: Optional[tuple] = None
 
 
 def unreduced(loss_fn) -> Callable:
@@ -143,6 +150,18 @@ class TrainStep:
         self._loss_scale = loss_scale
         self._split_steps = 0
         self._variables = model.trainable_variables
+        # The gradient noise scale needs two batch sizes in a step: at least
+        # two micro-batches (replicas x accumulation steps).
+        noise = config.noise_scale
+        self.micro_batches_per_step = (collectives.num_replicas
+                                       * config.num_accumulation_steps)
+        self.measures_noise = (noise.enabled
+                               and self.micro_batches_per_step >= 2)
+        self.noise_groups = noise_lib.assign_groups(self._variables, noise)
+        self._preconditioner = (
+            noise_lib.Preconditioner(optimizer, self._variables)
+            if self.measures_noise and noise.mode == "preconditioned"
+            else None)
         self._forward_backward = tf.function(
             self._forward_backward_fn, jit_compile=config.jit_compile)
         self.fused = tf.function(self._fused)
@@ -152,7 +171,7 @@ class TrainStep:
 
     # ---- per replica -----------------------------------------------------
 
-    def _forward_backward_fn(self, x, y, sample_weight):
+    def _forward_backward_fn(self, x, y, sample_weight, factors=None):
         scale = (tf.cast(self._loss_scale.scale, tf.float32)
                  if self._loss_scale is not None else None)
         with tf.GradientTape() as tape:
@@ -172,29 +191,48 @@ class TrainStep:
         # with the rest (an all-gather each). BERT's recipe densifies too.
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, self._variables)]
-        return loss, grads, y_pred
+        if not self.measures_noise:
+            return loss, grads, y_pred, tf.zeros([0])
+        # This micro-batch's squared gradient norm per group, before it joins
+        # the sum (noise_scale.py), without the loss scale (squared).
+        norms = noise_lib.squared_norms(grads, self.noise_groups, factors)
+        if scale is not None:
+            norms = norms / tf.square(scale)
+        return loss, grads, y_pred, norms
 
     def _replica_compute(self, micro_batches):
         loss_sum = tf.constant(0.0)
         grad_sum = None
+        factors = None
+        if self._preconditioner is not None:
+            factors, _ = self._preconditioner.factors()
+        norm_sum = tf.zeros([len(self.noise_groups.names)
+                             if self.measures_noise else 0])
         before = [tf.identity(v) for v in self._metric_variables]
         for batch in micro_batches:
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-            loss, grads, y_pred = self._forward_backward(x, y, sample_weight)
+            loss, grads, y_pred, norms = self._forward_backward(
+                x, y, sample_weight, factors)
             for metric in self._metrics:
                 metric.update_state(y, y_pred, sample_weight=sample_weight)
             loss_sum += loss
+            norm_sum += norms
             grad_sum = grads if grad_sum is None else [
                 a + b for a, b in zip(grad_sum, grads)]
         deltas = [v - b for v, b in zip(self._metric_variables, before)]
-        return loss_sum, grad_sum, deltas
+        if self.measures_noise:
+            # [G squared-norm sums, micro-batch count]: summed over replicas.
+            norm_sum = tf.concat(
+                [norm_sum, [float(len(micro_batches))]], axis=0)
+        return tf.concat([[loss_sum], norm_sum], axis=0), grad_sum, deltas
 
     def _replica_sync(self, loss, grads, deltas, signals):
         # The loss and the host's flags (stop_training, preemption) ride in
         # the gradients' all-reduce: every worker learns any worker's flags
-        # at the same step, with no collective of their own.
-        control = tf.concat([tf.reshape(tf.cast(loss, tf.float32), [1]),
-                             tf.cast(signals, tf.float32)], axis=0)
+        # at the same step, with no collective of their own; so do the
+        # noise scale's micro-batch norms and count (after the flags).
+        control = tf.concat([loss[:1], tf.cast(signals, tf.float32),
+                             loss[1:]], axis=0)
         # tf.identity gives the values the replica's device: inputs that
         # come from another tf.function carry none, and all_reduce needs it.
         values = ([tf.identity(control)] + [tf.identity(g) for g in grads]
@@ -208,6 +246,14 @@ class TrainStep:
             grads = [g * tf.cast(inverse, g.dtype) for g in grads]
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g))
                                 for g in grads])
+        if self.measures_noise:
+            # The step's gradient per group: after the loss scale, before
+            # clipping; then the preconditioner's ready flag.
+            factors, ready = (self._preconditioner.factors()
+                              if self._preconditioner is not None
+                              else (None, tf.constant(1.0)))
+            big = noise_lib.squared_norms(grads, self.noise_groups, factors)
+            control = tf.concat([control, big, [ready]], axis=0)
         norm = tf.linalg.global_norm(grads)
         if self._config.clip_global_norm:
             # After the all-reduce: clipping per-replica partial gradients
@@ -261,15 +307,16 @@ class TrainStep:
         timer.mark("input_wait")
         if not timed:
             control, metrics = self.fused(micro_batches, signals)
-            loss, stop, preempt = self._control(control)
+            loss, stop, preempt, noise = self._control(control)
             timer.stop(timed=False)
             return StepResult(loss, stop, preempt,
-                              {k: float(v) for k, v in metrics.items()})
+                              {k: float(v) for k, v in metrics.items()},
+                              noise=noise)
         loss, grads, deltas = self.compute(micro_batches)
         self._local(loss).numpy()  # wait for the backward pass
         timer.mark("compute")
         control, grads, finite, _ = self.sync(loss, grads, deltas, signals)
-        loss, stop, preempt = self._control(control)
+        loss, stop, preempt, noise = self._control(control)
         finite = bool(self._local(finite))
         timer.mark("sync")
         if finite or self._loss_scale is None:
@@ -283,15 +330,19 @@ class TrainStep:
         self._split_steps += 1
         metrics = {k: float(v) for k, v in self.metric_results().items()}
         return StepResult(loss, stop, preempt, metrics,
-                          skipped=not finite and self._loss_scale is not None)
+                          skipped=not finite and self._loss_scale is not None,
+                          noise=noise)
 
     def _local(self, value):
         return self._strategy.experimental_local_results(value)[0]
 
     def _control(self, control):
-        """[loss, stop, preempt] (reduced) -> (loss, stop, preempt)."""
+        """[loss, stop, preempt, noise...] (reduced) -> (loss, stop,
+        preempt, noise numbers or None)."""
         values = self._local(control).numpy()
-        return float(values[0]), bool(values[1] > 0), bool(values[2] > 0)
+        noise = tuple(values[3:].tolist()) if self.measures_noise else None
+        return (float(values[0]), bool(values[1] > 0), bool(values[2] > 0),
+                noise)
 
     # ---- cross replica (the compiled entry points) --------------------------
 

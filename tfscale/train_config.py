@@ -5,6 +5,7 @@ import dataclasses
 from typing import Optional
 
 from tfscale import precision as precision_lib
+from tfscale.noise_scale import NoiseScaleConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,9 @@ class TrainConfig:
             measure the time split (the others run as one fused dispatch).
         verbose: 0 silent, 1 progress bar, 2 one line per log interval (the
             chief only in every case).
+        noise_scale: How the gradient noise scale (the critical batch
+            estimate) is measured in the step; `NoiseScaleConfig(mode="off")`
+            switches it off. See `noise_scale.py`.
     """
 
     global_batch_size: int
@@ -43,6 +47,7 @@ class TrainConfig:
     log_steps: int = 100
     timed_steps_per_log: int = 4
     verbose: int = 2
+    noise_scale: NoiseScaleConfig = NoiseScaleConfig()
 
     def __post_init__(self):
         if self.global_batch_size <= 0:

@@ -28,6 +28,7 @@ from tfscale import checkpointing
 from tfscale import collectives as collectives_lib
 from tfscale import fail_fast
 from tfscale import fit_inputs
+from tfscale import noise_scale as noise_lib
 from tfscale import precision as precision_lib
 from tfscale.input_feed import (InputFeed, InputPipelineError,
                                  delete_in_background)
@@ -148,14 +149,34 @@ class Trainer:
             config=StepConfig(config.global_batch_size,
                               config.num_accumulation_steps,
                               config.jit_compile, config.clip_global_norm,
-                              config.log_steps, config.timed_steps_per_log),
+                              config.log_steps, config.timed_steps_per_log,
+                              config.noise_scale),
             loss_scale=self.loss_scale)
+        # The gradient noise scale's running estimates (noise_scale.py).
+        self.noise_scale = (
+            noise_lib.NoiseScale(config.noise_scale,
+                                 self._train_step.noise_groups,
+                                 config.global_batch_size)
+            if self._train_step.measures_noise else None)
+        self._adascale = _compat.learning_rate_schedule(optimizer)
+        if not getattr(self._adascale, "follows_noise_scale", False):
+            self._adascale = None
+        elif self.noise_scale is None:
+            raise ValueError(
+                "AdaScale needs the gradient noise scale, measured with at "
+                "least 2 micro-batches per step (replicas x accumulation "
+                f"steps: {self._train_step.micro_batches_per_step}) and "
+                "noise_scale mode 'plain'")
+        elif config.noise_scale.mode != "plain":
+            raise ValueError("AdaScale needs noise_scale mode 'plain' (its "
+                             "gain is defined for SGD's gradients)")
         self._eval_step = EvalStep(model=model, loss_fn=loss_fn,
                                    metrics=self.metrics, strategy=strategy,
                                    collectives=self.collectives)
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
         self._interval_loss, self._interval_steps = 0.0, 0
         self._skipped_steps = 0  # fp16 steps skipped in this log interval
+        self._noise_notice_given = False
         self.checkpoint_path = None
         self._saved_step = None
         self._verbose = config.verbose
@@ -164,7 +185,11 @@ class Trainer:
             trackables = checkpointing.training_trackables(
                 model, optimizer, self.step, loss_scale=self.loss_scale,
                 metrics=self.metrics, input_position=self.input_position,
-                input_order=self.input_order)
+                input_order=self.input_order,
+                noise_scale=(self.noise_scale.variables
+                             if self.noise_scale else None),
+                adascale=(self._adascale.variables
+                          if self._adascale else None))
             barrier = self.collectives.barrier if self.num_workers > 1 else None
             self._keeper = checkpointing.CheckpointKeeper(
                 config.checkpoint_dir, is_chief=self.is_chief,
@@ -409,6 +434,14 @@ class Trainer:
             self._settle_input_position()
             if positioned:
                 self._position_feed(dataset_fn)
+        if restored and self.noise_scale is not None:
+            self.noise_scale.load()
+        if (self.noise_scale is None and self.config.noise_scale.enabled
+                and not self._noise_notice_given):
+            self._noise_notice_given = True
+            self._log("gradient noise scale not measured: it needs at least "
+                      "2 micro-batches per step (replicas x accumulation "
+                      "steps; here 1)")
         feed = self._feed
         start = int(self.step.numpy())
         if restored:
@@ -518,6 +551,10 @@ class Trainer:
             loss, stop, preempt = result.loss, result.stop, result.preempt
             metric_logs = result.metrics
             self._skipped_steps += int(result.skipped)
+            if result.noise is not None:
+                self.noise_scale.update(result.noise)
+                if self._adascale is not None:
+                    self._adascale.advance(self.noise_scale.estimate())
             self.step.assign_add(1)
             self.input_position.assign_add(self.config.global_batch_size)
             step = int(self.step.numpy())
@@ -619,6 +656,15 @@ class Trainer:
             self._skipped_steps = 0
             fp16 = (f"; loss scale {summary['loss_scale']:g}, "
                     f"{summary['skipped_steps']:g} step(s) skipped")
+        noise = ""
+        if self.noise_scale is not None:
+            summary.update(self.noise_scale.logs())
+            if "gradient_noise_scale" in summary:
+                noise = (f"; noise scale {summary['gradient_noise_scale']:.4g}"
+                         f" (batch/noise {summary['critical_batch_ratio']:.3g})")
+        if self._adascale is not None:
+            summary["adascale_gain"] = self._adascale.current_gain()
+            noise += f", AdaScale gain {summary['adascale_gain']:.3g}"
         line = (f"step {step}: loss {summary['interval_loss']:.4f}, "
                 f"{summary['examples_per_second']:.1f} examples/s, "
                 f"step {1000 * summary['step_time']:.1f} ms; timed steps "
@@ -626,7 +672,7 @@ class Trainer:
                 f"(input {1000 * summary['input_wait']:.1f}, "
                 f"compute {1000 * summary['compute']:.1f}, "
                 f"sync {1000 * summary['sync']:.1f}, "
-                f"update {1000 * summary['update']:.1f}){fp16}")
+                f"update {1000 * summary['update']:.1f}){fp16}{noise}")
         if self._verbose == 2:
             self._log(line)
         return summary
@@ -635,6 +681,8 @@ class Trainer:
         step = int(self.step.numpy())
         if self._keeper and step != self._saved_step:
             # (Every worker takes the same branch: the step is agreed.)
+            if self.noise_scale is not None:
+                self.noise_scale.store()
             path = self._keeper.save(step)
             self._saved_step = step
             if path:

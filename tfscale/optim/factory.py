@@ -2,7 +2,9 @@
 
 Large-batch recipe (Goyal et al. 2017; You et al. 2019): the base learning
 rate is given for a reference batch size and scaled to the actual global batch
-by a rule (none, linear, sqrt), then warmed up linearly.
+by a rule (none, linear, sqrt), then warmed up linearly; or, with "adascale"
+(SGD), scaled at every step by the gain the gradient noise scale gives
+(`adascale.py`).
 """
 
 import dataclasses
@@ -11,12 +13,13 @@ from typing import Sequence
 
 import keras
 
+from tfscale.optim.adascale import AdaScale
 from tfscale.optim.lamb import DEFAULT_EXCLUDE, Lamb, matches_any
 from tfscale.optim.schedules import WarmupCosineDecay, WarmupPolynomialDecay
 
 OPTIMIZERS = ("lamb", "adamw", "sgd")
 SCHEDULES = ("polynomial", "cosine", "constant")
-SCALING_RULES = ("none", "linear", "sqrt")
+SCALING_RULES = ("none", "linear", "sqrt", "adascale")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +40,9 @@ class OptimConfig:
             for LAMB, no layer adaptation).
         momentum: SGD momentum.
         beta_1, beta_2, epsilon: Adam/LAMB moments.
-        scaling_rule: "none", "linear" or "sqrt".
+        scaling_rule: "none", "linear", "sqrt", or "adascale" (SGD only;
+            needs `reference_batch_size`; warmup_steps and total_steps
+            then count reference-batch steps).
         reference_batch_size: Global batch the `learning_rate` was tuned for;
             0 means the actual global batch (no scaling).
     """
@@ -73,6 +78,16 @@ class OptimConfig:
                 f"[0, total_steps ({self.total_steps})]")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.scaling_rule == "adascale":
+            if self.optimizer != "sgd":
+                raise ValueError(
+                    "scaling_rule 'adascale' is derived for SGD (with "
+                    f"momentum), not {self.optimizer!r}: its gain assumes an "
+                    "update linear in the gradient")
+            if self.reference_batch_size <= 0:
+                raise ValueError("scaling_rule 'adascale' needs "
+                                 "reference_batch_size > 0 (the batch the "
+                                 "learning rate was tuned at)")
 
 
 def scale_learning_rate(learning_rate: float, global_batch_size: int,
@@ -80,11 +95,12 @@ def scale_learning_rate(learning_rate: float, global_batch_size: int,
     """Scales a rate tuned at `reference_batch_size` to `global_batch_size`.
 
     linear: lr * B / B_ref (Goyal et al., SGD); sqrt: lr * sqrt(B / B_ref)
-    (Hoffer et al.; the usual rule for Adam/LAMB); none: lr.
+    (Hoffer et al.; the usual rule for Adam/LAMB); none: lr; adascale: lr
+    (the gain is applied at every step by `AdaScale`).
     """
     if rule not in SCALING_RULES:
         raise ValueError(f"scaling rule must be one of {SCALING_RULES}, got {rule!r}")
-    if rule == "none" or reference_batch_size <= 0:
+    if rule in ("none", "adascale") or reference_batch_size <= 0:
         return learning_rate
     ratio = global_batch_size / reference_batch_size
     return learning_rate * (ratio if rule == "linear" else math.sqrt(ratio))
@@ -92,6 +108,14 @@ def scale_learning_rate(learning_rate: float, global_batch_size: int,
 
 def make_learning_rate(config: OptimConfig, global_batch_size: int):
     """The (scaled) learning-rate schedule of `config`."""
+    schedule = _base_schedule(config, global_batch_size)
+    if config.scaling_rule == "adascale":
+        return AdaScale(schedule, config.reference_batch_size,
+                        global_batch_size)
+    return schedule
+
+
+def _base_schedule(config: OptimConfig, global_batch_size: int):
     peak = scale_learning_rate(config.learning_rate, global_batch_size,
                                config.reference_batch_size, config.scaling_rule)
     if config.schedule == "polynomial":

@@ -1,0 +1,455 @@
+r"""Time to accuracy: what each global batch costs in steps and examples.
+
+    python -m benchmarks.time_to_accuracy --task fashion_mnist      # ~1 h
+    python -m benchmarks.time_to_accuracy --task bert_tiny \
+        --records='runs/demo/records/train-*.tfrecord'              # make demo
+
+Steps to a target do not depend on the hardware, so every run is one process
+with 2 accumulation steps (the global record order makes that the same run
+as 2 workers; two micro-batches also let the Trainer measure the gradient
+noise scale). For each optimizer (SGD with momentum, AdamW, LAMB; linear
+warmup, then constant) and global batch (powers of 4), a small
+learning-rate search (3 rates, one seed; a second seed at the batch nearest
+the knee) runs until the target is reached or an example cap. The best rate
+per batch gives steps S and examples E to the target; a fit of
+S = S_min (1 + B_crit / B) gives S_min, E_min = S_min B_crit and B_crit
+(McCandlish et al. 2018), against the B_simple the Trainer measured in the
+same runs (at the moment each reached the target).
+
+Results go to `benchmarks/results/time_to_accuracy_<task>.jsonl` (one line
+per run; a rerun skips the runs already there), the plot and the markdown
+table next to it. Data: Fashion-MNIST from Debian's `dataset-fashion-mnist`
+(60,000 training and 10,000 test images, IDX files); BERT-tiny masked-LM on
+the demo corpus's records, the last shard held out.
+"""
+
+import argparse
+import dataclasses
+import gzip
+import json
+import math
+import os
+import time
+from typing import Callable, List, Optional
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tfscale.noise_scale import NoiseScaleConfig  # noqa: E402
+from tfscale.optim import OptimConfig, make_optimizer  # noqa: E402
+from tfscale.trainer import TrainConfig, Trainer  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+OPTIMIZERS = ("sgd", "adamw", "lamb")
+RATE_STEPS = (1 / 3, 1.0, 3.0)  # around the centre of the linear/sqrt rules
+MAX_STEPS = 15_000  # a run's step cap, whatever its examples cap
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """What one study trains and when a run is done.
+
+    Attributes:
+        name: "fashion_mnist" or "bert_tiny".
+        batches: Global batches swept.
+        reference_batch: The batch `base_rates` are for.
+        base_rates: {optimizer: learning rate at reference_batch}.
+        target: The value to reach; `higher_is_better` says which way.
+        metric: Its name in the table.
+        cap_examples: A run that has not reached the target by then (or
+            by MAX_STEPS) stops.
+        warmup_examples: Linear warmup over this many examples.
+    """
+
+    name: str
+    batches: tuple
+    reference_batch: int
+    base_rates: dict
+    target: float
+    higher_is_better: bool
+    metric: str
+    cap_examples: int
+    warmup_examples: int
+    build_model: Callable
+    loss_fn: object
+    dataset_fn: Callable  # (per-replica batch, seed) -> dataset_fn
+    evaluate: Callable  # model -> metric value
+
+
+# ---- Fashion-MNIST -------------------------------------------------------------
+
+
+def read_idx(path: str) -> np.ndarray:
+    """An IDX file (gzip'ed) as a numpy array (LeCun's format)."""
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big")
+             for i in range(dims)]
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def fashion_task(directory: str, target: float) -> Task:
+    def load(prefix):
+        images = read_idx(os.path.join(directory,
+                                       f"{prefix}-images-idx3-ubyte.gz"))
+        labels = read_idx(os.path.join(directory,
+                                       f"{prefix}-labels-idx1-ubyte.gz"))
+        return images.reshape(len(images), -1), labels.astype(np.int64)
+    train_x, train_y = load("train")
+    test_x, test_y = load("t10k")
+    test_x = tf.constant(test_x.astype(np.float32) / 255.0)
+
+    def build_model():
+        return keras.Sequential([
+            keras.Input((784,)),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(10)])
+
+    def dataset_fn(per_replica_batch, seed):
+        def make(context):
+            ds = tf.data.Dataset.from_tensor_slices((train_x, train_y))
+            ds = ds.shuffle(len(train_y), seed=seed,
+                            reshuffle_each_iteration=True).repeat()
+            ds = ds.batch(per_replica_batch, drop_remainder=True)
+            return ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y))
+        return make
+
+    def evaluate(model):
+        logits = model(test_x, training=False)
+        predicted = tf.argmax(logits, axis=1).numpy()
+        return float(np.mean(predicted == test_y))
+
+    return Task(
+        name="fashion_mnist", batches=(16, 64, 256, 1024, 4096),
+        reference_batch=256,
+        base_rates={"sgd": 0.05, "adamw": 1e-3, "lamb": 4e-3},
+        target=target, higher_is_better=True,
+        metric="test accuracy", cap_examples=1_500_000,
+        warmup_examples=5_000, build_model=build_model,
+        loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        dataset_fn=dataset_fn, evaluate=evaluate)
+
+
+# ---- BERT-tiny masked LM -----------------------------------------------------------
+
+
+def bert_task(records: str, bert_config: str, target: float) -> Task:
+    from input_pipelines import bert_records, tfrecord
+    from models import bert
+    from models.bert_config import BertConfig
+
+    files = tfrecord.expand_files(records)
+    if len(files) < 2:
+        raise SystemExit(f"--records: {records} must match >= 2 files (the "
+                         "last is held out)")
+    config = BertConfig.from_json_file(bert_config)
+    config = dataclasses.replace(config, hidden_dropout_prob=0.0,
+                                 attention_probs_dropout_prob=0.0)
+    spec = bert_records.BertRecordSpec(64, 10)
+    limits = bert_records.IdLimits(config.vocab_size, config.type_vocab_size)
+    held_out = bert_records.make_dataset_fn(
+        tfrecord.TFRecordConfig(files[-1:], training=False), spec, 256,
+        limits)(None).take(4).cache()
+
+    def build_model():
+        return bert.make_pretrainer(config, 64, 10)
+
+    def dataset_fn(per_replica_batch, seed):
+        return bert_records.make_dataset_fn(
+            tfrecord.TFRecordConfig(files[:-1], training=True, seed=seed),
+            spec, per_replica_batch, limits)
+
+    def evaluate(model):
+        metric = bert.MaskedLMLoss()
+        for features, labels in held_out:
+            outputs = model(features, training=False)
+            metric.update_state(labels, outputs)
+        return float(metric.result())
+
+    return Task(
+        name="bert_tiny", batches=(16, 64, 256, 1024),
+        reference_batch=64,
+        base_rates={"sgd": 0.1, "adamw": 2e-3, "lamb": 4e-3},
+        target=target, higher_is_better=False, metric="held-out MLM loss",
+        cap_examples=400_000, warmup_examples=2_000,
+        build_model=build_model, loss_fn=bert.pretraining_loss,
+        dataset_fn=dataset_fn, evaluate=evaluate)
+
+
+# ---- one run ----------------------------------------------------------------------
+
+
+def evaluation_steps(limit: int) -> List[int]:
+    """Every step up to 20, then about 5% apart: steps to the target are
+    known to 5%."""
+    steps, step = [], 1
+    while step <= limit:
+        steps.append(step)
+        step = step + 1 if step < 20 else int(math.ceil(step * 1.05))
+    return steps
+
+
+class UntilTarget(keras.callbacks.Callback):
+    """Evaluates at `evaluation_steps` and stops at the target (or on a
+    non-finite loss); keeps the measured noise scale when it is reached."""
+
+    def __init__(self, task: Task, trainer_ref: list, limit: int):
+        super().__init__()
+        self.task, self.trainer_ref = task, trainer_ref
+        self.due = set(evaluation_steps(limit))
+        self.step = 0
+        self.reached_at = None
+        self.b_simple = None
+        self.last_value = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        if not math.isfinite(logs.get("loss", 0.0)):
+            self.model.stop_training = True
+            return
+        if self.step not in self.due:
+            return
+        value = self.task.evaluate(self.model)
+        self.last_value = value
+        better = (value >= self.task.target if self.task.higher_is_better
+                  else value <= self.task.target)
+        if better:
+            self.reached_at = self.step
+            estimate = self.trainer_ref[0].noise_scale.estimate()
+            self.b_simple = estimate.b_simple
+            self.model.stop_training = True
+
+
+def run_one(task: Task, strategy, optimizer: str, batch: int, rate: float,
+            seed: int) -> dict:
+    keras.utils.set_random_seed(seed)
+    cap_steps = max(1, min(task.cap_examples // batch, MAX_STEPS))
+    warmup = min(cap_steps, max(1, task.warmup_examples // batch))
+    with strategy.scope():
+        model = task.build_model()
+        optim = make_optimizer(
+            OptimConfig(optimizer=optimizer, learning_rate=rate,
+                        schedule="constant", warmup_steps=warmup,
+                        total_steps=cap_steps,
+                        weight_decay=1e-4 if optimizer != "lamb" else 0.01),
+            batch, model.trainable_variables)
+    trainer = Trainer(
+        model=model, optimizer=optim, loss_fn=task.loss_fn,
+        strategy=strategy,
+        config=TrainConfig(global_batch_size=batch, num_accumulation_steps=2,
+                           log_steps=10**9, verbose=0, timed_steps_per_log=0,
+                           noise_scale=NoiseScaleConfig(decay=0.99)))
+    callback = UntilTarget(task, [trainer], cap_steps)
+    start = time.perf_counter()
+    trainer.fit(task.dataset_fn(trainer.per_replica_batch_size, seed),
+                steps_per_epoch=cap_steps, epochs=1, callbacks=[callback])
+    steps = callback.reached_at
+    return {"optimizer": optimizer, "batch": batch, "rate": rate,
+            "seed": seed, "reached": steps is not None, "steps": steps,
+            "examples": steps * batch if steps else None,
+            "b_simple": callback.b_simple, "last_value": callback.last_value,
+            "steps_run": callback.step, "seconds": time.perf_counter() - start}
+
+
+# ---- the sweep and its analysis -------------------------------------------------
+
+
+def rates_for(task: Task, optimizer: str, batch: int) -> List[float]:
+    """3 rates around the middle of the linear and sqrt rules (k^0.75)."""
+    k = batch / task.reference_batch
+    centre = task.base_rates[optimizer] * k ** 0.75
+    return [float(f"{centre * f:.3g}") for f in RATE_STEPS]
+
+
+def load_results(path: str) -> List[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def best_per_batch(results: List[dict], optimizer: str, seed: int = 1
+                   ) -> dict:
+    """{batch: the fastest run that reached the target}."""
+    best = {}
+    for r in results:
+        if r["optimizer"] != optimizer or not r["reached"] or r["seed"] != seed:
+            continue
+        if r["batch"] not in best or r["steps"] < best[r["batch"]]["steps"]:
+            best[r["batch"]] = r
+    return best
+
+
+def fit_curve(batches, steps) -> Optional[tuple]:
+    """(S_min, B_crit) of S = S_min (1 + B_crit / B), least squares in
+    relative error (weights 1/S); None with fewer than 2 points."""
+    if len(batches) < 2:
+        return None
+    b = np.asarray(batches, float)
+    s = np.asarray(steps, float)
+    design = np.stack([np.ones_like(b), 1.0 / b], axis=1) / s[:, None]
+    coef, *_ = np.linalg.lstsq(design, np.ones_like(s), rcond=None)
+    s_min, slope = coef
+    if s_min <= 0 or slope <= 0:
+        return None
+    return float(s_min), float(slope / s_min)
+
+
+def analyse(task: Task, results: List[dict], plot_path: str) -> str:
+    """The markdown section: per-optimizer table, fit, B_simple ratio."""
+    lines = [f"Target: {task.metric} {'>=' if task.higher_is_better else '<='}"
+             f" {task.target}. Runs: {len(results)}.", ""]
+    fits = {}
+    for optimizer in OPTIMIZERS:
+        best = best_per_batch(results, optimizer)
+        if not best:
+            lines.append(f"{optimizer}: no batch reached the target.")
+            continue
+        batches = sorted(best)
+        fit = fit_curve(batches, [best[b]["steps"] for b in batches])
+        fits[optimizer] = (best, fit)
+        reference = best.get(task.reference_batch)
+        lines += [f"**{optimizer}**" + (
+            f": S_min {fit[0]:.0f} steps, B_crit {fit[1]:.0f}, E_min "
+            f"{fit[0] * fit[1]:,.0f} examples" if fit else ": no fit"), "",
+                  "| batch | steps | examples | tuned lr | linear rule | "
+                  "sqrt rule | B_simple at target | B_simple / B_crit |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for b in task.batches:
+            r = best.get(b)
+            if r is None:
+                tried = [x for x in results if x["optimizer"] == optimizer
+                         and x["batch"] == b]
+                lines.append(f"| {b} | not reached ({len(tried)} rates) "
+                             "| | | | | | |")
+                continue
+            linear = sqrt = ""
+            if reference:
+                k = b / task.reference_batch
+                linear = f"{reference['rate'] * k:.3g}"
+                sqrt = f"{reference['rate'] * math.sqrt(k):.3g}"
+            ratio = (f"{r['b_simple'] / fit[1]:.2f}"
+                     if fit and r["b_simple"] else "")
+            b_simple = f"{r['b_simple']:.0f}" if r["b_simple"] else ""
+            lines.append(f"| {b} | {r['steps']} | {r['examples']:,} | "
+                         f"{r['rate']:.3g} | {linear} | {sqrt} | "
+                         f"{b_simple} | {ratio} |")
+        seconds = [x for x in results if x["optimizer"] == optimizer
+                   and x["seed"] != 1 and x["reached"]]
+        for r in seconds:
+            first = best.get(r["batch"])
+            if first:
+                lines.append(f"\nSecond seed at batch {r['batch']} (lr "
+                             f"{r['rate']:.3g}): {r['steps']} steps (seed 1: "
+                             f"{first['steps']}).")
+        lines.append("")
+    _plot(task, fits, plot_path)
+    return "\n".join(lines)
+
+
+def _plot(task: Task, fits: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for (optimizer, (best, fit)), color in zip(fits.items(),
+                                               ("C0", "C1", "C2")):
+        batches = sorted(best)
+        steps = [best[b]["steps"] for b in batches]
+        ax.loglog(batches, steps, "o", color=color, label=optimizer)
+        if fit:
+            grid = np.geomspace(min(task.batches), max(task.batches), 100)
+            ax.loglog(grid, fit[0] * (1 + fit[1] / grid), "-", color=color,
+                      alpha=0.6, label=f"{optimizer} fit, B_crit {fit[1]:.0f}")
+            ax.axvline(fit[1], color=color, linestyle=":", alpha=0.6)
+            measured = [best[b]["b_simple"] for b in batches
+                        if best[b]["b_simple"]]
+            if measured:
+                ax.axvline(float(np.median(measured)), color=color,
+                           linestyle="--", alpha=0.6,
+                           label=f"{optimizer} in-run B_simple "
+                                 f"{np.median(measured):.0f}")
+        # Perfect scaling through the smallest batch's point.
+        first = batches[0]
+        ax.loglog([first, max(task.batches)],
+                  [best[first]["steps"],
+                   best[first]["steps"] * first / max(task.batches)],
+                  color=color, linestyle=(0, (1, 3)), alpha=0.4)
+    ax.set_xlabel("global batch (examples)")
+    ax.set_ylabel(f"steps to {task.metric} "
+                  f"{'>=' if task.higher_is_better else '<='} {task.target}")
+    ax.set_title(f"{task.name}: steps to target vs batch (dotted: perfect "
+                 "scaling)", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", choices=("fashion_mnist", "bert_tiny"),
+                        default="fashion_mnist")
+    parser.add_argument("--fashion_dir", default=FASHION_DIR)
+    parser.add_argument("--records", default="runs/demo/records/train-*")
+    parser.add_argument("--bert_config",
+                        default="runs/demo/corpus/bert_config.json")
+    parser.add_argument("--target", type=float, default=None,
+                        help="default: 0.85 accuracy / 6.0 MLM loss")
+    parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
+    parser.add_argument("--batches", default=None,
+                        help="comma list (default: the task's)")
+    parser.add_argument("--analyse_only", action="store_true")
+    args = parser.parse_args()
+    if args.task == "fashion_mnist":
+        if not os.path.isdir(args.fashion_dir):
+            raise SystemExit(f"--fashion_dir: {args.fashion_dir} not found "
+                             "(apt-get install dataset-fashion-mnist)")
+        task = fashion_task(args.fashion_dir, args.target or 0.85)
+    else:
+        task = bert_task(args.records, args.bert_config, args.target or 6.0)
+    if args.batches:
+        task = dataclasses.replace(
+            task, batches=tuple(int(b) for b in args.batches.split(",")))
+    stem = os.path.join(RESULTS, f"time_to_accuracy_{task.name}")
+    results = load_results(stem + ".jsonl")
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    optimizers = args.optimizers.split(",")
+    if not args.analyse_only:
+        done = {(r["optimizer"], r["batch"], r["rate"], r["seed"])
+                for r in results}
+        plan = [(o, b, rate, 1) for o in optimizers for b in task.batches
+                for rate in rates_for(task, o, b)]
+        for optimizer in optimizers:
+            # The second seed: the best rate at the batch nearest the knee
+            # (planned once the first seed's sweep of this optimizer is in).
+            plan.append((optimizer, None, None, 2))
+        for optimizer, batch, rate, seed in plan:
+            if batch is None:
+                best = best_per_batch(results, optimizer)
+                fit = fit_curve(sorted(best), [best[b]["steps"]
+                                               for b in sorted(best)])
+                if not fit:
+                    continue
+                batch = min(best, key=lambda b: abs(math.log(b / fit[1])))
+                rate = best[batch]["rate"]
+            if (optimizer, batch, rate, seed) in done:
+                continue
+            result = run_one(task, strategy, optimizer, batch, rate, seed)
+            results.append(result)
+            with open(stem + ".jsonl", "a") as f:
+                f.write(json.dumps(result) + "\n")
+            print(json.dumps(result), flush=True)
+    section = analyse(task, results, stem + ".png")
+    with open(stem + ".md", "w") as f:
+        f.write(section + "\n")
+    print(section)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,363 @@
+"""The gradient noise scale, measured in the training step at no extra cost.
+
+McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training",
+appendix A.1): a gradient over a batch of b examples has expected squared norm
+E|G_b|^2 = |G|^2 + tr(Sigma)/b, where G is the true gradient and Sigma the
+covariance of one example's gradient. Two batch sizes give both terms. A
+data-parallel step already has two: every micro-batch of every replica
+(b = global batch / n, n = replicas x accumulation steps) and the whole step
+(B = the global batch). With |G_b|^2 the mean of the n micro-batches'
+squared norms and |G_B|^2 the reduced gradient's:
+
+    |G|^2     ~ (B |G_B|^2 - b |G_b|^2) / (B - b)
+    tr(Sigma) ~ (|G_b|^2 - |G_B|^2) / (1/b - 1/B)
+
+both unbiased. Each is noisy at one step, so each is smoothed by its own
+exponential moving average (bias-corrected as Adam's moments are; `decay`
+0.99: a window of about 1 / (1 - decay) = 100 steps), and
+
+    B_simple = EMA(tr Sigma) / EMA(|G|^2)           (in examples)
+
+estimates the critical batch: steps to a target S = S_min (1 + B_noise / B),
+examples E = E_min (1 + B / B_noise). It grows as the loss falls.
+
+What the step adds (`step.py`): each micro-batch's squared gradient norm per
+variable group, loss scale removed, before it joins the accumulated sum
+(`squared_norms`); their sum and a count ride as G + 1 floats in the step's
+existing all-reduce; after it, the reduced gradient's squared norm per group
+(loss scale removed, before clipping). The host (`NoiseScale`) turns the
+G + 1 + G numbers into the estimates; its EMAs are variables in the
+checkpoint, so a resumed run continues them on any worker count.
+
+The preconditioned variant (AdaptDL's, for Adam and LAMB) divides every
+gradient by sqrt(v_hat) + epsilon, v_hat being the optimizer's bias-corrected
+second moment before this step's update: the noise scale of the direction
+Adam actually moves in. It needs the optimizer to have taken one update.
+"""
+
+import dataclasses
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from tfscale import _compat
+from tfscale.optim.lamb import matches_any
+
+MODES = ("off", "plain", "preconditioned")
+TOTAL = "all"  # the whole model's group name in logs and summaries
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseScaleConfig:
+    """How the gradient noise scale is measured.
+
+    Attributes:
+        mode: "plain" (the default), "preconditioned" (Adam, AdamW, LAMB:
+            gradients divided by sqrt(v_hat) + epsilon) or "off".
+        decay: EMA decay of the two estimates (window about 1 / (1 - decay)
+            steps).
+        groups: ((name, (path regex, ...)), ...): also measure per variable
+            group; a variable joins the first group with a pattern found in
+            its path, "other" when none matches. Empty: the whole model only.
+    """
+
+    mode: str = "plain"
+    decay: float = 0.99
+    groups: Tuple[Tuple[str, Tuple[str, ...]], ...] = ()
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"noise scale mode must be one of {MODES}, got "
+                             f"{self.mode!r}")
+        if not 0.0 <= self.decay < 1.0:
+            raise ValueError(f"noise scale decay must be in [0, 1), got "
+                             f"{self.decay}")
+        names = [name for name, _ in self.groups]
+        if len(set(names)) != len(names) or TOTAL in names:
+            raise ValueError(f"noise scale group names must be unique and not "
+                             f"{TOTAL!r}, got {names}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
+def parse_groups(spec: str) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+    """"embeddings=embed,encoder=layer_\\d+|transformer" -> groups.
+
+    Raises:
+        ValueError: An entry is not name=regex[|regex...].
+    """
+    groups = []
+    for entry in filter(None, (e.strip() for e in spec.split(","))):
+        name, sep, patterns = entry.partition("=")
+        if not sep or not name or not patterns:
+            raise ValueError(f"noise scale group {entry!r} is not "
+                             "name=regex[|regex...]")
+        groups.append((name.strip(), tuple(patterns.split("|"))))
+    return tuple(groups)
+
+
+# ---- in the step (graph side) ------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Groups:
+    """Which group each variable is in.
+
+    Attributes:
+        names: Group names, in order ("all" alone without groups).
+        of_variable: The group index of each variable.
+    """
+
+    names: Tuple[str, ...]
+    of_variable: Tuple[int, ...]
+
+
+def assign_groups(variables, config: NoiseScaleConfig) -> Groups:
+    if not config.groups:
+        return Groups((TOTAL,), (0,) * len(variables))
+    names = [name for name, _ in config.groups]
+    of_variable = []
+    for variable in variables:
+        for i, (_, patterns) in enumerate(config.groups):
+            if matches_any(variable.path, patterns):
+                of_variable.append(i)
+                break
+        else:
+            if "other" not in names:
+                names.append("other")
+            of_variable.append(names.index("other"))
+    return Groups(tuple(names), tuple(of_variable))
+
+
+def squared_norms(grads, groups: Groups, preconditioners=None) -> tf.Tensor:
+    """float32 [G]: the squared norm of `grads` in each group (times the
+    preconditioners, elementwise, when given)."""
+    sums: List[list] = [[] for _ in groups.names]
+    for i, (grad, group) in enumerate(zip(grads, groups.of_variable)):
+        grad = tf.cast(grad, tf.float32)
+        if preconditioners is not None:
+            grad = grad * preconditioners[i]
+        sums[group].append(tf.reduce_sum(tf.square(grad)))
+    return tf.stack([tf.add_n(s) if s else tf.constant(0.0) for s in sums])
+
+
+class Preconditioner:
+    """1 / (sqrt(v_hat) + epsilon) of an Adam-family optimizer, per variable.
+
+    Raises:
+        ValueError: The optimizer keeps no second moments (not Adam, AdamW or
+            LAMB).
+    """
+
+    def __init__(self, optimizer, variables):
+        moments = _compat.second_moments(optimizer, variables)
+        if moments is None:
+            raise ValueError(
+                f"the preconditioned noise scale needs an Adam-family "
+                f"optimizer (Adam, AdamW, LAMB); {type(optimizer).__name__} "
+                "keeps no second moments: use mode 'plain'")
+        self._moments = moments
+        self._optimizer = optimizer
+
+    def factors(self) -> Tuple[list, tf.Tensor]:
+        """(per-variable factors, ready): ready is 1.0 once the optimizer
+        has taken an update (v_hat is then defined)."""
+        optimizer = self._optimizer
+        t = tf.cast(optimizer.iterations, tf.float32)
+        ready = tf.cast(t > 0, tf.float32)
+        correction = 1.0 - tf.pow(tf.cast(optimizer.beta_2, tf.float32),
+                                  tf.maximum(t, 1.0))
+        epsilon = tf.cast(optimizer.epsilon, tf.float32)
+        factors = [1.0 / (tf.sqrt(tf.cast(v, tf.float32) / correction)
+                          + epsilon) for v in self._moments]
+        return factors, ready
+
+
+# ---- on the host ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """The smoothed estimates of one group after some steps.
+
+    Attributes:
+        gradient_squared: EMA of |G|^2.
+        trace: EMA of tr(Sigma) (one example's gradient covariance).
+        steps: Steps averaged.
+    """
+
+    gradient_squared: float
+    trace: float
+    steps: int
+
+    @property
+    def b_simple(self) -> Optional[float]:
+        """tr(Sigma) / |G|^2 in examples; None until both are positive."""
+        if self.steps == 0 or self.gradient_squared <= 0 or self.trace <= 0:
+            return None
+        return self.trace / self.gradient_squared
+
+
+def step_estimates(small_sum: float, count: float, big: float,
+                   global_batch_size: int) -> Tuple[float, float]:
+    """One step's unbiased (|G|^2, tr Sigma).
+
+    Args:
+        small_sum: The sum over the step's `count` micro-batches of the
+            squared norm of each one's contribution to the step's gradient.
+            The step's loss is divided by the global batch B, so a
+            contribution is the micro-batch's mean gradient / count.
+        count: n, micro-batches in the step (replicas x accumulation).
+        big: The squared norm of the step's (reduced) gradient.
+        global_batch_size: B.
+    """
+    n = count
+    batch_big = float(global_batch_size)
+    batch_small = batch_big / n
+    # The mean over micro-batches of |their mean gradient|^2.
+    small = n * small_sum
+    gradient_squared = (batch_big * big - batch_small * small) / (
+        batch_big - batch_small)
+    trace = (small - big) / (1.0 / batch_small - 1.0 / batch_big)
+    return gradient_squared, trace
+
+
+class NoiseScale:
+    """The EMAs of the estimates, per group, on the host.
+
+    Args:
+        config: A `NoiseScaleConfig` (enabled).
+        groups: The step's `Groups`.
+        global_batch_size: B.
+
+    State (checkpointed): per group a float64 variable [steps, EMA |G|^2,
+    EMA tr Sigma] (raw EMAs; bias correction divides by 1 - decay^steps).
+    """
+
+    def __init__(self, config: NoiseScaleConfig, groups: Groups,
+                 global_batch_size: int):
+        self.config = config
+        self.groups = groups
+        self.global_batch_size = global_batch_size
+        with tf.device("/cpu:0"):
+            self.variables = {
+                name: tf.Variable(tf.zeros([3], tf.float64), trainable=False,
+                                  name=f"noise_scale_{name}")
+                for name in groups.names}
+        self._state = {name: [0.0, 0.0, 0.0] for name in groups.names}
+        self.last_step_values = None
+
+    @property
+    def width(self) -> int:
+        """How many floats the step returns for it: G small sums, the
+        count, G reduced norms, the preconditioner's ready flag."""
+        return 2 * len(self.groups.names) + 2
+
+    def update(self, values: Sequence[float]) -> None:
+        """Adds one step's G small sums, count, G big norms and ready flag
+        (the floats the step returns); a non-finite step is not counted."""
+        g = len(self.groups.names)
+        small, count = values[:g], float(values[g])
+        big, ready = values[g + 1:2 * g + 1], float(values[2 * g + 1])
+        if count < 2 or ready <= 0 or not all(
+                math.isfinite(v) for v in values):
+            return
+        decay = self.config.decay
+        self.last_step_values = {}
+        for name, s, b in zip(self.groups.names, small, big):
+            g2, trace = step_estimates(float(s), count, float(b),
+                                       self.global_batch_size)
+            self.last_step_values[name] = (g2, trace)
+            state = self._state[name]
+            state[0] += 1
+            state[1] = decay * state[1] + (1 - decay) * g2
+            state[2] = decay * state[2] + (1 - decay) * trace
+
+    def estimate(self, group: Optional[str] = None) -> Estimate:
+        """The smoothed estimate of `group` (None: the whole model, the sum
+        over groups)."""
+        names = self.groups.names if group is None else (group,)
+        states = [self._state[n] for n in names]
+        steps = int(max(s[0] for s in states))
+        if steps == 0:
+            return Estimate(0.0, 0.0, 0)
+        correction = 1.0 - self.config.decay ** steps
+        return Estimate(sum(s[1] for s in states) / correction,
+                        sum(s[2] for s in states) / correction, steps)
+
+    def logs(self) -> dict:
+        """{gradient_noise_scale, critical_batch_ratio,
+        gradient_noise_scale/<group>...}; empty until measurable."""
+        b_simple = self.estimate().b_simple
+        if b_simple is None:
+            return {}
+        logs = {"gradient_noise_scale": b_simple,
+                "critical_batch_ratio": self.global_batch_size / b_simple}
+        if len(self.groups.names) > 1:
+            for name in self.groups.names:
+                value = self.estimate(name).b_simple
+                if value is not None:
+                    logs[f"gradient_noise_scale/{name}"] = value
+        return logs
+
+    # The checkpoint holds the variables; the host state is copied in
+    # before a save and out after a restore.
+
+    def store(self) -> None:
+        for name, variable in self.variables.items():
+            variable.assign(self._state[name])
+
+    def load(self) -> None:
+        for name, variable in self.variables.items():
+            self._state[name] = [float(v) for v in variable.numpy()]
+
+    def summary(self) -> dict:
+        """What summary.json holds."""
+        estimate = self.estimate()
+        result = {"mode": self.config.mode, "decay": self.config.decay,
+                  "steps_averaged": estimate.steps,
+                  "gradient_squared": estimate.gradient_squared,
+                  "trace_sigma": estimate.trace,
+                  "b_simple": estimate.b_simple,
+                  "global_batch_size": self.global_batch_size}
+        if len(self.groups.names) > 1:
+            result["groups"] = {name: self.estimate(name).b_simple
+                                for name in self.groups.names}
+        return result
+
+
+def relative_cost(b_noise: float, batch: float, other: float
+                  ) -> Tuple[float, float]:
+    """(steps, examples) to the same target at batch `other`, relative to
+    `batch`, by S = S_min (1 + B_noise/B) and E = E_min (1 + B/B_noise)."""
+    steps = (1 + b_noise / other) / (1 + b_noise / batch)
+    examples = (1 + other / b_noise) / (1 + batch / b_noise)
+    return steps, examples
+
+
+def closing_sentence(summary: Optional[dict], step: int) -> str:
+    """The plain sentence a run ends with (empty without a measurement)."""
+    if not summary:
+        return ""
+    b_simple = summary.get("b_simple")
+    batch = summary["global_batch_size"]
+    if b_simple is None:
+        return ("  gradient noise scale: not measured (it needs >= 2 "
+                "micro-batches per step and a few steps)")
+    half = relative_cost(b_simple, batch, batch / 2)
+    double = relative_cost(b_simple, batch, batch * 2)
+    kind = (" (preconditioned)" if summary["mode"] == "preconditioned"
+            else "")
+    window = round(1 / (1 - summary["decay"])) if summary["decay"] else 1
+    return (f"  gradient noise scale{kind}: B_simple ~ {b_simple:,.0f} "
+            f"examples at step {step} (EMA over ~{window} steps), so the "
+            f"critical batch is about {b_simple:,.0f}; this run's global "
+            f"batch {batch} is {batch / b_simple:.2g}x it. By S = S_min(1 + "
+            f"B_noise/B) and E = E_min(1 + B/B_noise): half the batch would "
+            f"take {half[0]:.2f}x the steps and {half[1]:.2f}x the examples, "
+            f"double the batch {double[0]:.2f}x the steps and "
+            f"{double[1]:.2f}x the examples. An estimate: it grows as the "
+            f"loss falls, so read it as the value at this point of training.")

@@ -1,0 +1,123 @@
+"""AdaScale (Johnson et al. 2020, "AdaScale SGD"): the learning rate that a
+batch S times the reference batch can bear, from the gradient noise scale.
+
+A step at S times the batch is worth r steps at the reference batch, with
+the gain
+
+    r = (var + sqr) / (var / S + sqr),    1 <= r <= S,
+
+var being the gradient variance at the reference batch (tr(Sigma) / B_ref)
+and sqr the squared norm of the true gradient (|G|^2); both come from the
+Trainer's gradient noise scale (`tfscale/noise_scale.py`), as fairscale's
+AdaScale takes them from its workers' gradients. While the batch is small
+against the noise scale (B << B_simple: var dominates), r is about S and the
+run takes about 1/S of the reference run's steps; when B >> B_simple, r
+saturates and extra examples buy little.
+
+The rate at a step is r times the reference schedule at the run's *progress*
+tau (the sum of the gains so far), not at the step: the schedule (warmup,
+decay) is laid out in reference-batch steps and AdaScale walks it r steps
+at a time. End a run when tau reaches the schedule's length
+(`finished`). For SGD with or without momentum, as in the paper; with Adam
+or LAMB the gain is not derived (their updates are not linear in the
+gradient) and the optimizer factory refuses the combination.
+
+Usage (tfscale's optimizer factory builds it from OptimConfig with
+`scaling_rule="adascale"`):
+
+    schedule = AdaScale(base_schedule, reference_batch_size=256,
+                        global_batch_size=2048)
+    optimizer = keras.optimizers.SGD(schedule, momentum=0.9)
+    trainer = Trainer(model=..., optimizer=optimizer, ...)  # drives it
+"""
+
+import keras
+import tensorflow as tf
+
+
+@keras.saving.register_keras_serializable(package="tfscale")
+class AdaScale(keras.optimizers.schedules.LearningRateSchedule):
+    """The reference schedule, scaled by the gain and walked by progress.
+
+    Args:
+        schedule: The rate at the reference batch: a `LearningRateSchedule`
+            of the (reference) step, or a number.
+        reference_batch_size: The batch `schedule` was tuned at.
+        global_batch_size: This run's global batch.
+
+    The Trainer finds it on the optimizer (`follows_noise_scale`), calls
+    `advance` after every step and keeps `variables` in its checkpoints.
+    """
+
+    follows_noise_scale = True
+
+    def __init__(self, schedule, reference_batch_size: int,
+                 global_batch_size: int):
+        if reference_batch_size <= 0 or global_batch_size <= 0:
+            raise ValueError("AdaScale needs reference_batch_size > 0 and "
+                             "global_batch_size > 0")
+        if global_batch_size < reference_batch_size:
+            raise ValueError(
+                f"AdaScale scales up from the reference batch: global batch "
+                f"{global_batch_size} < reference {reference_batch_size}")
+        self.schedule = schedule
+        self.reference_batch_size = reference_batch_size
+        self.global_batch_size = global_batch_size
+        self.scale = global_batch_size / reference_batch_size
+        with tf.device("/cpu:0"):
+            self._gain = tf.Variable(1.0, dtype=tf.float32, trainable=False,
+                                     name="adascale_gain")
+            self._progress = tf.Variable(0.0, dtype=tf.float32,
+                                         trainable=False,
+                                         name="adascale_progress")
+
+    @property
+    def variables(self) -> dict:
+        return {"gain": self._gain, "progress": self._progress}
+
+    def __call__(self, step):
+        del step  # the reference schedule runs on progress, not steps
+        base = self.schedule
+        if callable(base):
+            base = base(self._progress)
+        return tf.cast(self._gain, tf.float32) * tf.cast(base, tf.float32)
+
+    def gain(self, gradient_squared: float, trace: float) -> float:
+        """r for these (smoothed) estimates, in [1, S]."""
+        variance = max(trace, 0.0) / self.reference_batch_size
+        square = max(gradient_squared, 0.0)
+        if variance + square <= 0:
+            return 1.0
+        value = (variance + square) / (variance / self.scale + square)
+        return min(max(value, 1.0), self.scale)
+
+    def advance(self, estimate) -> None:
+        """After a step: its gain joins the progress, and the next step's
+        gain follows the latest estimate (`noise_scale.Estimate`)."""
+        self._progress.assign_add(self._gain)
+        if estimate.steps:
+            self._gain.assign(self.gain(estimate.gradient_squared,
+                                        estimate.trace))
+
+    def current_gain(self) -> float:
+        return float(self._gain.numpy())
+
+    def progress(self) -> float:
+        """Reference-batch steps walked so far."""
+        return float(self._progress.numpy())
+
+    def get_config(self):
+        schedule = self.schedule
+        if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            schedule = keras.saving.serialize_keras_object(schedule)
+        return {"schedule": schedule,
+                "reference_batch_size": self.reference_batch_size,
+                "global_batch_size": self.global_batch_size}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if isinstance(config["schedule"], dict):
+            config["schedule"] = keras.saving.deserialize_keras_object(
+                config["schedule"])
+        return cls(**config)
