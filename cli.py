@@ -212,3 +212,4 @@ def noise_scale_from_flags(flags_values):
             decay=flags_values.noise_scale_decay, groups=groups)
     except ValueError as e:
         raise ValueError(f"--noise_scale: {e}") from None
+

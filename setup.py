@@ -24,6 +24,11 @@ setup(
         "numpy>=1.26",
         # Progress bars of the record writers and index_records.
         "tqdm>=4.66",
+        # The record writers' engine (input_pipelines/prepare): their
+        # default, several local processes, is a Dask LocalCluster, and the
+        # same code runs on a remote scheduler. Pure Python, no pins that
+        # touch TensorFlow's.
+        "distributed==2026.8.0",
     ],
     extras_require={
         "text": ["tensorflow-text==2.21.1"],

@@ -17,17 +17,12 @@ import keras
 import tensorflow as tf
 
 from benchmarks.scaling_worker import model_and_data
+from benchmarks.trainer_overhead import LastReport
 from tfscale.noise_scale import NoiseScaleConfig
 from tfscale.trainer import TrainConfig, Trainer
 
 WORKLOADS = ("bert_tiny", "materials_mlp")
 MODES = ("off", "plain", "preconditioned")
-
-
-class _LastReport(keras.callbacks.Callback):
-    def on_train_batch_end(self, batch, logs=None):
-        if logs and "step_time" in logs:
-            self.step_time = logs["step_time"]
 
 
 def trainer_run(strategy, workload, mode, batch_size, accumulation):
@@ -44,7 +39,7 @@ def trainer_run(strategy, workload, mode, batch_size, accumulation):
                            num_accumulation_steps=accumulation,
                            verbose=0, log_steps=10**9,
                            noise_scale=NoiseScaleConfig(mode=mode)))
-    report = _LastReport()
+    report = LastReport()
 
     def run(steps):
         trainer.fit(dataset_fn, steps_per_epoch=steps, callbacks=[report])

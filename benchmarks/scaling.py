@@ -221,9 +221,9 @@ def write_outputs(rows, bandwidth, out_dir, title) -> str:
              "| backend | variant | mode | workers | global batch | examples/s |"
              " speedup | efficiency | step ms | input | compute | sync | update"
              " | all-reduce MB | ring bound ms | bound / sync |"
-             " one-way bound / sync |",
+             " one-way bound / sync | B_simple | batch / B_simple |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-             "---:|---:|---:|---:|"]
+             "---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
             f"| {r['backend']} | {r['variant']} | {r['mode']} | "
@@ -234,12 +234,24 @@ def write_outputs(rows, bandwidth, out_dir, title) -> str:
             " | ".join(f"{1000 * r[p]:.1f}" for p in PHASES) +
             f" | {r['gradient_bytes'] / 1e6:.2f} | "
             f"{1000 * r['ring_bound_seconds']:.2f} | "
-            f"{r['sync_vs_bound']:.3f} | {r['sync_vs_one_way']:.3f} |")
+            f"{r['sync_vs_bound']:.3f} | {r['sync_vs_one_way']:.3f} | "
+            + _noise_cells(r) + " |")
+    lines += ["", "B_simple: the gradient noise scale the Trainer measured "
+              "(tfscale/noise_scale.py; needs >= 2 replicas or accumulation "
+              "steps). It describes the data: on the synthetic workloads, "
+              "one batch repeated, it is not the data set's."]
     report = "\n".join(lines) + "\n"
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write(report)
     _plot(rows, out_dir)
     return report
+
+
+def _noise_cells(row) -> str:
+    value = row.get("gradient_noise_scale")
+    if not value:
+        return "- | -"
+    return f"{value:,.0f} | {row['critical_batch_ratio']:.2f}"
 
 
 def _plot(rows, out_dir):

@@ -9,8 +9,9 @@ with 2 accumulation steps (the global record order makes that the same run
 as 2 workers; two micro-batches also let the Trainer measure the gradient
 noise scale). For each optimizer (SGD with momentum, AdamW, LAMB; linear
 warmup, then constant) and global batch (powers of 4), a small
-learning-rate search (3 rates, one seed; a second seed at the batch nearest
-the knee) runs until the target is reached or an example cap. The best rate
+learning-rate search (3 rates a factor 3 apart, and up to 2 more outward
+when the best is at the grid's edge; one seed, a second at the batch
+nearest the knee) runs until the target is reached or an example cap. The best rate
 per batch gives steps S and examples E to the target; a fit of
 S = S_min (1 + B_crit / B) gives S_min, E_min = S_min B_crit and B_crit
 (McCandlish et al. 2018), against the B_simple the Trainer measured in the
@@ -47,6 +48,8 @@ FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 OPTIMIZERS = ("sgd", "adamw", "lamb")
 RATE_STEPS = (1 / 3, 1.0, 3.0)  # around the centre of the linear/sqrt rules
 MAX_STEPS = 15_000  # a run's step cap, whatever its examples cap
+EXTRA_RATES = 2  # rates tried beyond the grid's edge, when the best is there
+GIVE_UP = 3  # a run stops at this many times its batch's best examples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +179,7 @@ def bert_task(records: str, bert_config: str, target: float) -> Task:
         reference_batch=64,
         base_rates={"sgd": 0.1, "adamw": 2e-3, "lamb": 4e-3},
         target=target, higher_is_better=False, metric="held-out MLM loss",
-        cap_examples=400_000, warmup_examples=2_000,
+        cap_examples=200_000, warmup_examples=2_000,
         build_model=build_model, loss_fn=bert.pretraining_loss,
         dataset_fn=dataset_fn, evaluate=evaluate)
 
@@ -226,9 +229,12 @@ class UntilTarget(keras.callbacks.Callback):
 
 
 def run_one(task: Task, strategy, optimizer: str, batch: int, rate: float,
-            seed: int) -> dict:
+            seed: int, budget: Optional[int] = None) -> dict:
+    """One run to the target; it gives up after `budget` examples (default:
+    the task's cap) or MAX_STEPS steps."""
     keras.utils.set_random_seed(seed)
-    cap_steps = max(1, min(task.cap_examples // batch, MAX_STEPS))
+    examples = min(task.cap_examples, budget or task.cap_examples)
+    cap_steps = max(1, min(examples // batch, MAX_STEPS))
     warmup = min(cap_steps, max(1, task.warmup_examples // batch))
     with strategy.scope():
         model = task.build_model()
@@ -400,7 +406,7 @@ def main():
     parser.add_argument("--bert_config",
                         default="runs/demo/corpus/bert_config.json")
     parser.add_argument("--target", type=float, default=None,
-                        help="default: 0.85 accuracy / 6.0 MLM loss")
+                        help="default: 0.85 accuracy / 5.6 MLM loss")
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--batches", default=None,
                         help="comma list (default: the task's)")
@@ -412,7 +418,7 @@ def main():
                              "(apt-get install dataset-fashion-mnist)")
         task = fashion_task(args.fashion_dir, args.target or 0.85)
     else:
-        task = bert_task(args.records, args.bert_config, args.target or 6.0)
+        task = bert_task(args.records, args.bert_config, args.target or 5.6)
     if args.batches:
         task = dataclasses.replace(
             task, batches=tuple(int(b) for b in args.batches.split(",")))
@@ -421,30 +427,51 @@ def main():
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     optimizers = args.optimizers.split(",")
     if not args.analyse_only:
-        done = {(r["optimizer"], r["batch"], r["rate"], r["seed"])
-                for r in results}
-        plan = [(o, b, rate, 1) for o in optimizers for b in task.batches
-                for rate in rates_for(task, o, b)]
-        for optimizer in optimizers:
-            # The second seed: the best rate at the batch nearest the knee
-            # (planned once the first seed's sweep of this optimizer is in).
-            plan.append((optimizer, None, None, 2))
-        for optimizer, batch, rate, seed in plan:
-            if batch is None:
-                best = best_per_batch(results, optimizer)
-                fit = fit_curve(sorted(best), [best[b]["steps"]
-                                               for b in sorted(best)])
-                if not fit:
-                    continue
-                batch = min(best, key=lambda b: abs(math.log(b / fit[1])))
-                rate = best[batch]["rate"]
-            if (optimizer, batch, rate, seed) in done:
-                continue
-            result = run_one(task, strategy, optimizer, batch, rate, seed)
+        def run(optimizer, batch, rate, seed):
+            for r in results:
+                if (r["optimizer"], r["batch"], r["rate"], r["seed"]) == (
+                        optimizer, batch, rate, seed):
+                    return r
+            # A rate that needs GIVE_UP times the examples of this batch's
+            # best so far is not the tuned one: stop it there.
+            best = best_per_batch(results, optimizer, seed).get(batch)
+            budget = GIVE_UP * best["examples"] if best else None
+            result = run_one(task, strategy, optimizer, batch, rate, seed,
+                             budget)
             results.append(result)
             with open(stem + ".jsonl", "a") as f:
                 f.write(json.dumps(result) + "\n")
             print(json.dumps(result), flush=True)
+            return result
+
+        for optimizer in optimizers:
+            for batch in task.batches:
+                low, middle, high = rates_for(task, optimizer, batch)
+                runs = [run(optimizer, batch, rate, 1)
+                        for rate in (middle, high, low)]
+                # The best rate at an edge of the grid: one more step
+                # outward (at most EXTRA_RATES), so a tuned rate is never
+                # just the grid's end.
+                for _ in range(EXTRA_RATES):
+                    reached = [r for r in runs if r["reached"]]
+                    if not reached:
+                        break
+                    best = min(reached, key=lambda r: r["steps"])
+                    ordered = sorted(runs, key=lambda r: r["rate"])
+                    if best is ordered[-1]:
+                        rate = float(f"{best['rate'] * RATE_STEPS[-1]:.3g}")
+                    elif best is ordered[0]:
+                        rate = float(f"{best['rate'] * RATE_STEPS[0]:.3g}")
+                    else:
+                        break
+                    runs.append(run(optimizer, batch, rate, 1))
+            # The second seed: the best rate at the batch nearest the knee.
+            best = best_per_batch(results, optimizer)
+            fit = fit_curve(sorted(best), [best[b]["steps"]
+                                           for b in sorted(best)])
+            if fit:
+                batch = min(best, key=lambda b: abs(math.log(b / fit[1])))
+                run(optimizer, batch, best[batch]["rate"], 2)
     section = analyse(task, results, stem + ".png")
     with open(stem + ".md", "w") as f:
         f.write(section + "\n")

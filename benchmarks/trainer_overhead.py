@@ -32,14 +32,11 @@ def build(strategy, make_model):
         return make_model(), keras.optimizers.Adam(1e-4)
 
 
-def dataset_fn_for(batch):
-    return lambda context: tf.data.Dataset.from_tensors(batch).repeat()
-
-
-def minimal_loop(strategy, make_model, loss_fn, batch, batch_size, steps):
+def minimal_loop(strategy, make_model, loss_fn, dataset_fn, batch_size,
+                 steps):
     model, optimizer = build(strategy, make_model)
     iterator = iter(strategy.distribute_datasets_from_function(
-        dataset_fn_for(batch)))
+        dataset_fn))
 
     @tf.function
     def step(data):
@@ -58,13 +55,16 @@ def minimal_loop(strategy, make_model, loss_fn, batch, batch_size, steps):
     return run
 
 
-class _LastReport(keras.callbacks.Callback):
+class LastReport(keras.callbacks.Callback):
+    """Keeps the step time of the last log interval."""
+
     def on_train_batch_end(self, batch, logs=None):
         if logs and "step_time" in logs:
             self.step_time = logs["step_time"]
 
 
-def trainer_loop(strategy, make_model, loss_fn, batch, batch_size, steps):
+def trainer_loop(strategy, make_model, loss_fn, dataset_fn, batch_size,
+                 steps):
     """Steady-state steps/s of `Trainer.fit` from its own report, which
     covers every step of the run (its part-by-part timed steps included)
     but not the iterator set-up and tear-down around `fit` (about a second
@@ -74,10 +74,10 @@ def trainer_loop(strategy, make_model, loss_fn, batch, batch_size, steps):
                       strategy=strategy,
                       config=TrainConfig(global_batch_size=batch_size,
                                          log_steps=steps, verbose=0))
-    report = _LastReport()
+    report = LastReport()
 
     def run(n):
-        trainer.fit(dataset_fn_for(batch), steps_per_epoch=n,
+        trainer.fit(dataset_fn, steps_per_epoch=n,
                     callbacks=[report])
         trainer.step.assign(0)  # next fit: same epoch again, no resume skip
         return 1.0 / report.step_time
@@ -103,8 +103,8 @@ def main():
     print("| workload | minimal loop steps/s | Trainer steps/s | overhead |")
     print("|---|---:|---:|---:|")
     for name in args.workloads.split(","):
-        make_model, loss_fn, batch = model_and_data(name, args.batch_size)
-        runs = {label: fn(strategy, make_model, loss_fn, batch,
+        make_model, loss_fn, dataset_fn = model_and_data(name, args.batch_size)
+        runs = {label: fn(strategy, make_model, loss_fn, dataset_fn,
                           args.batch_size, args.steps)
                 for label, fn in (("minimal", minimal_loop),
                                   ("trainer", trainer_loop))}

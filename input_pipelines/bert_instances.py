@@ -202,11 +202,14 @@ def serialized(instances, spec):
 
 @dataclasses.dataclass(frozen=True)
 class ShardTask:
-    """One output shard: its documents (sentences, untokenized) and how to
-    make instances of them (picklable: it goes to a writer process)."""
+    """One output shard: bucket `bucket` of the bucketed corpus in `workdir`
+    (`prepare/buckets.py`, `files` parts) and how to make instances of its
+    documents (picklable: it goes to a worker)."""
 
     name: str
-    documents: tuple
+    workdir: str
+    files: int
+    bucket: int
     vocab_file: str
     lower_case: bool
     config: InstanceConfig
@@ -216,27 +219,19 @@ class ShardTask:
 
 
 def write_instance_shard(task: ShardTask, progress) -> tuple:
-    """Tokenizes the shard's documents, makes their instances with the
-    shard's own random stream (random next sentences come from the same
-    shard's documents, as when Google's tool runs once per input file) and
-    writes them. Returns (documents, instances)."""
-    sentences = [s for d in task.documents for s in d]
+    """Reads the shard's bucket, tokenizes its documents, makes their
+    instances with the shard's own random stream (random next sentences
+    come from the same shard's documents, which are drawn from every input
+    file) and writes them. Returns (documents, instances)."""
+    from input_pipelines.prepare import buckets
+    sources = buckets.read_bucket(task.workdir, task.files, task.bucket)
+    sentences = [s for d in sources for s in d]
     tokens = iter(tokenize(sentences, task.vocab_file, task.lower_case))
     documents = [[t for t in (next(tokens) for _ in d) if t]
-                 for d in task.documents]
+                 for d in sources]
     instances = create_instances(documents, task.config, task.ids,
                                  random.Random(task.seed), progress)
     from input_pipelines import shard_writer
     shard_writer.write_shard(task.name, serialized(instances, task.spec),
                              lambda n: None)
-    return len(task.documents), len(instances)
-
-
-def read_lines(patterns: str) -> list:
-    from input_pipelines.tfrecord import expand_files
-    lines = []
-    for name in expand_files(patterns):
-        with open(name, encoding="utf-8") as f:
-            lines.extend(f.read().splitlines())
-        lines.append("")
-    return lines
+    return len(sources), len(instances)

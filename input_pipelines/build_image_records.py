@@ -34,6 +34,7 @@ import tensorflow as tf
 from absl import app, flags
 
 from input_pipelines.image_folder import WriterConfig, build
+from input_pipelines.prepare import engine
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("image_dir", None, "One folder of images per class.")
@@ -56,6 +57,7 @@ flags.DEFINE_integer("num_processes", 0, "Writer processes (0: one per "
 flags.DEFINE_integer("num_threads", None, "Deprecated: --num_processes.")
 flags.DEFINE_bool("progress", True, "Show a progress bar (images, rate, "
                   "ETA) on stderr.")
+engine.define_flags(flags)
 
 
 def main(argv: Sequence[str]):
@@ -75,14 +77,18 @@ def main(argv: Sequence[str]):
             metadata_file=FLAGS.metadata_file,
             bounding_box_file=FLAGS.bounding_box_file, seed=FLAGS.seed,
             num_processes=(FLAGS.num_processes if FLAGS.num_threads is None
-                           else FLAGS.num_threads))
+                           else FLAGS.num_threads),
+            scheduler=FLAGS.scheduler, scheduler_file=FLAGS.scheduler_file)
         result = build(config, show_progress=FLAGS.progress)
-    except (ValueError, tf.errors.NotFoundError) as e:
+    except (ValueError, tf.errors.NotFoundError, engine.TaskError) as e:
         message = getattr(e, "message", None) or str(e)
         raise SystemExit(f"build_image_records: error: {message}") from None
     kept = (f"; kept {result.shards_kept} complete shards "
             f"({result.images_kept} images) of an earlier run"
             if result.shards_kept else "")
+    if result.leftovers_removed:
+        kept += (f"; removed {result.leftovers_removed} temporary file(s) "
+                 "of attempts that died")
     print(f"build_image_records: wrote {result.images_written} images in "
           f"{result.seconds:.1f} s ({result.images_per_second:.1f} images/s)"
           f"{kept}: {len(result.names)} files in {FLAGS.output_dir} "

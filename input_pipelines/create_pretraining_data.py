@@ -14,26 +14,35 @@ sampling with 50% random next sentences, `short_seq_prob` shorter targets,
 15% masking (80% [MASK], 10% random token, 10% unchanged), `dupe_factor`
 passes with different masks.
 
-At scale: the documents are dealt round-robin to the output shards
-`<stem>-00000-of-0000N<ext>`, and each shard is made by its own process
-(one per core; tokenization, instances, serialization) from its documents
-with its own seed, random next sentences drawn from the same shard, as when
-Google's tool is run once per input file. A progress bar shows documents,
-rate and ETA; the last line reports documents/s. A rerun of the same
-command after a crash keeps the complete shards (same corpus, vocab and
-flags: the digest in `.<stem>.manifest.json`) and writes only the missing
-ones, with the same bytes as an uninterrupted run.
+At scale, in two stages of tasks (`input_pipelines/prepare`), run in this
+process, in local processes (a Dask LocalCluster; --num_processes) or on a
+running Dask scheduler's workers (--scheduler, --scheduler_file: SLURM,
+Kubernetes): each input file (plain or .gz) is read by one task, which puts
+each document in a bucket by a stable hash of (seed, document); each bucket
+then becomes one output shard `<stem>-00000-of-0000N<ext>` (tokenization,
+instances with the shard's own seed, random next sentences drawn from the
+same shard, serialization). Every shard mixes documents of every input
+file, and no process holds more than one input file or one bucket: the
+client only lists the files. The bytes are the same whatever runs the
+tasks. A progress bar shows each stage's progress, rate and ETA; the last
+line reports documents/s. A shard appears under its name only when
+complete, and a rerun of the same command after a crash (same inputs by
+name, size and time, vocab and flags: the digest in
+`.<stem>.manifest.json`) keeps the complete shards and writes only the
+missing ones, with the same bytes as an uninterrupted run.
 """
 
 import dataclasses
 import hashlib
 import os
+import shutil
 import sys
 import time
 
 from absl import app, flags, logging
 
 from input_pipelines import bert_instances as bi
+from input_pipelines.prepare import buckets, engine
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "Text files (globs, comma list).")
@@ -54,8 +63,10 @@ flags.DEFINE_integer("num_processes", 0, "Writer processes (0: one per "
                      "core; fewer for small corpora).")
 flags.DEFINE_integer("num_threads", None, "Deprecated: --num_processes.")
 flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
+engine.define_flags(flags)
 
 DOCUMENTS_PER_PROCESS = 2000  # a process imports TensorFlow: a few seconds
+FILES_PER_PROCESS = 4  # stage one: input files a process must have to pay
 
 
 def main(argv):
@@ -64,21 +75,35 @@ def main(argv):
     quiet_tensorflow(FLAGS.verbosity)
     from input_pipelines import shard_writer
     from input_pipelines.bert_records import BertRecordSpec
+    from input_pipelines.tfrecord import expand_files
     for name in ("input_file", "output_file", "vocab_file"):
         if not getattr(FLAGS, name):
             sys.exit(f"create_pretraining_data: error: --{name} is required")
+    try:
+        engine_config = engine.EngineConfig(
+            FLAGS.scheduler, FLAGS.scheduler_file,
+            FLAGS.num_threads or FLAGS.num_processes)
+    except ValueError as e:
+        sys.exit(f"create_pretraining_data: error: {e}")
     if FLAGS.num_output_shards < 1 or FLAGS.dupe_factor < 1:
         sys.exit("create_pretraining_data: error: --num_output_shards and "
                  "--dupe_factor must be >= 1")
     try:
-        lines = bi.read_lines(FLAGS.input_file)
+        inputs = expand_files(FLAGS.input_file)
         spec = BertRecordSpec(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq)
     except ValueError as e:
         sys.exit(f"create_pretraining_data: error: {e}")
     if not os.path.exists(FLAGS.vocab_file):
+        # Learning a vocabulary reads the corpus here, in one process: for
+        # a corpus beyond one host, learn it on a sample and pass it.
+        try:
+            lines = [line for name in inputs for line in buckets.read_text(name)]
+        except ValueError as e:
+            sys.exit(f"create_pretraining_data: error: --input_file: {e}")
         logging.info("learning a %d-token vocab from %d lines",
                      FLAGS.vocab_size, len(lines))
         vocab = bi.build_vocab(lines, FLAGS.vocab_size, FLAGS.do_lower_case)
+        del lines
         os.makedirs(os.path.dirname(os.path.abspath(FLAGS.vocab_file)),
                     exist_ok=True)
         with open(FLAGS.vocab_file, "w", encoding="utf-8") as f:
@@ -86,49 +111,70 @@ def main(argv):
     vocab = bi.load_vocab(FLAGS.vocab_file)
     ids = bi.SpecialIds(vocab.index("[CLS]"), vocab.index("[SEP]"),
                      vocab.index("[MASK]"), len(vocab))
-    documents = [d for d in bi.read_documents(lines) if d]
     shards = FLAGS.num_output_shards
-    if shards > len(documents):
-        sys.exit(f"create_pretraining_data: error: --num_output_shards="
-                 f"{shards} is more than the {len(documents)} documents of "
-                 f"--input_file (each shard is made from its own documents)")
     config = bi.InstanceConfig(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
                                FLAGS.masked_lm_prob, FLAGS.short_seq_prob,
                                FLAGS.dupe_factor)
     names = bi.shard_names(FLAGS.output_file, shards)
     folder, stem = os.path.split(os.path.abspath(FLAGS.output_file))
+    stem = os.path.splitext(stem)[0]
     os.makedirs(folder, exist_ok=True)
     with open(FLAGS.vocab_file, "rb") as f:
         vocab_digest = hashlib.sha256(f.read()).hexdigest()
-    corpus = hashlib.sha256()
-    for line in lines:
-        corpus.update(line.encode("utf-8") + b"\n")
-    tasks = [bi.ShardTask(names[g], tuple(tuple(d) for d in documents[g::shards]),
-                          FLAGS.vocab_file, FLAGS.do_lower_case, config, ids,
-                          f"{FLAGS.random_seed}/{g}", spec)
-             for g in range(shards)]
+    # The inputs by name, size and modification time: the client never
+    # reads the corpus.
+    stats = [(name, os.path.getsize(name), os.stat(name).st_mtime_ns)
+             for name in inputs]
     plan = shard_writer.Plan(
-        os.path.join(folder, f".{os.path.splitext(stem)[0]}.manifest.json"),
+        os.path.join(folder, f".{stem}.manifest.json"),
         names, shard_writer.Plan.digest_of(
-            vocab_digest, corpus.hexdigest(), dataclasses.asdict(config),
-            FLAGS.do_lower_case, [t.seed for t in tasks],
+            vocab_digest, stats, dataclasses.asdict(config),
+            FLAGS.do_lower_case, FLAGS.random_seed, shards,
             dataclasses.asdict(spec)))
     kept = plan.keep()
-    todo = [tasks[g] for g in range(shards) if g not in kept]
-    work = [len(t.documents) * FLAGS.dupe_factor for t in tasks]
+    workdir = os.path.join(folder, f".{stem}.buckets-{plan.digest[:16]}")
+    os.makedirs(workdir, exist_ok=True)
     start = time.monotonic()
-    results = shard_writer.run(
-        todo, bi.write_instance_shard, unit="document",
-        total=sum(work), initial=sum(work[g] for g in kept),
-        show_progress=FLAGS.progress,
-        processes=shard_writer.processes_for(
-            FLAGS.num_threads or FLAGS.num_processes, len(todo),
-            sum(len(t.documents) for t in todo), DOCUMENTS_PER_PROCESS))
+    leftovers = shard_writer.remove_leftovers(names)
+    todo = [g for g in range(shards) if g not in kept]
+    try:
+        # Stage one: every input file's documents into the shards' buckets.
+        parts = engine.run(
+            [buckets.SplitTask(name, i, shards, FLAGS.random_seed, workdir)
+             for i, name in enumerate(inputs)] if todo else [],
+            buckets.split_file, config=engine_config,
+            work=[1] * (len(inputs) if todo else 0),
+            work_per_process=FILES_PER_PROCESS,
+            describe=lambda t: os.path.basename(t.path), unit="input file",
+            show_progress=FLAGS.progress)
+        per_bucket = [sum(p["documents"][g] for p in parts)
+                      for g in range(shards)]
+        if todo and sum(per_bucket) < shards:
+            sys.exit(f"create_pretraining_data: error: --num_output_shards="
+                     f"{shards} is more than the {sum(per_bucket)} documents "
+                     "of --input_file")
+        # Stage two: one bucket -> one output shard.
+        results = engine.run(
+            [bi.ShardTask(names[g], workdir, len(inputs), g, FLAGS.vocab_file,
+                          FLAGS.do_lower_case, config, ids,
+                          f"{FLAGS.random_seed}/{g}", spec) for g in todo],
+            bi.write_instance_shard, config=engine_config,
+            work=[per_bucket[g] * FLAGS.dupe_factor for g in todo],
+            work_per_process=DOCUMENTS_PER_PROCESS * FLAGS.dupe_factor,
+            describe=lambda t: os.path.basename(t.name), unit="document",
+            show_progress=FLAGS.progress)
+    except (OSError, ValueError, engine.TaskError) as e:
+        sys.exit(f"create_pretraining_data: error: {e}")
+    leftovers += shard_writer.remove_leftovers(names)
+    shutil.rmtree(workdir, ignore_errors=True)
     seconds = time.monotonic() - start
     made = sum(r[0] for r in results)
     instances = sum(r[1] for r in results)
     kept_note = (f"; kept {len(kept)} complete shards of an earlier run"
                  if kept else "")
+    if leftovers:
+        kept_note += (f"; removed {leftovers} temporary file(s) of attempts "
+                      "that died")
     print(f"wrote {instances} instances from {made} documents "
           f"(x{FLAGS.dupe_factor} passes) in {seconds:.1f} s "
           f"({made / max(seconds, 1e-9):.1f} documents/s, "

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from input_pipelines import images, shard_writer, tfrecord
+from input_pipelines.prepare import engine
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 
@@ -53,6 +54,8 @@ class WriterConfig:
         num_processes: Processes writing shards at once; 0: one per core,
             but one per `IMAGES_PER_PROCESS` images at most (each process
             imports TensorFlow, a few seconds); 1 writes in this process.
+        scheduler, scheduler_file: Write on a running Dask scheduler's
+            workers instead (`prepare/engine.py`).
         jpeg_quality: Quality of re-encoded non-JPEG images.
     """
 
@@ -68,6 +71,8 @@ class WriterConfig:
     seed: int = 12345
     num_processes: int = 0
     jpeg_quality: int = 95
+    scheduler: Optional[str] = None
+    scheduler_file: Optional[str] = None
 
     def __post_init__(self):
         if self.num_shards < 1 or self.num_processes < 0:
@@ -223,6 +228,7 @@ class WriteResult:
     images_kept: int
     shards_kept: int
     seconds: float
+    leftovers_removed: int = 0  # files of attempts that died (a worker)
 
     @property
     def images_per_second(self) -> float:
@@ -308,15 +314,19 @@ def build(config: WriterConfig, show_progress: bool = False) -> WriteResult:
     todo = [tasks[i] for i in range(shards) if i not in kept]
     kept_images = sum(len(tasks[i].items) for i in kept)
     total = sum(len(t.items) for t in todo)
-    written = sum(shard_writer.run(
-        todo, _write_shard, show_progress=show_progress, unit="image",
-        total=total + kept_images, initial=kept_images,
-        processes=shard_writer.processes_for(
-            config.num_processes, len(todo), total, IMAGES_PER_PROCESS)))
+    leftovers = shard_writer.remove_leftovers(names)
+    written = sum(engine.run(
+        todo, _write_shard, config=engine.EngineConfig(
+            config.scheduler, config.scheduler_file, config.num_processes),
+        work=[len(t.items) for t in todo],
+        work_per_process=IMAGES_PER_PROCESS,
+        describe=lambda t: os.path.basename(t.name),
+        show_progress=show_progress, unit="image", initial=kept_images))
+    leftovers += shard_writer.remove_leftovers(names)
     with tf.io.gfile.GFile(labels_txt, "w") as f:
         f.write("".join(f"{name}\n" for name in classes))
     return WriteResult(names, written, kept_images, len(kept),
-                       time.monotonic() - start)
+                       time.monotonic() - start, leftovers)
 
 
 def write_records(config: WriterConfig) -> List[str]:

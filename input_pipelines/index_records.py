@@ -8,7 +8,9 @@ For each file, the byte offset of every record goes to
 writers do this themselves, and a training run indexes files that lack a
 fresh index on first use; this command does it ahead of time, once, with a
 progress bar, and (unless --noverify) reads every record once through
-TensorFlow's reader, which checks each record's CRCs.
+TensorFlow's reader, which checks each record's CRCs. One task per file, in
+this process, --num_processes local processes or on a Dask scheduler's
+workers (--scheduler, --scheduler_file; `input_pipelines/prepare`).
 """
 
 import sys
@@ -16,10 +18,17 @@ import time
 
 from absl import app, flags
 
+from input_pipelines.prepare import engine, indexing
+
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("verify", True, "Also read every record through "
                   "TensorFlow's reader (checks CRCs).")
 flags.DEFINE_bool("force", False, "Rebuild indexes that are fresh.")
+flags.DEFINE_integer("num_processes", 1, "Indexing processes (0: one per "
+                     "core, for many large files).")
+engine.define_flags(flags)
+
+BYTES_PER_PROCESS = 4 << 30  # a process imports TensorFlow: a few seconds
 
 
 def main(argv):
@@ -29,40 +38,26 @@ def main(argv):
     quiet_tensorflow(FLAGS.verbosity)
     import os
 
-    import tensorflow as tf
-    from tqdm import tqdm
-
     from input_pipelines import tfrecord
-    from input_pipelines.record_order import index as record_index
     try:
         files = tfrecord.expand_files(argv[1:])
-    except tfrecord.InputError as e:
+        config = engine.EngineConfig(FLAGS.scheduler, FLAGS.scheduler_file,
+                                     FLAGS.num_processes)
+    except ValueError as e:
         sys.exit(f"index_records: error: {e}")
     sizes = [os.path.getsize(f) for f in files]
-    records = built = 0
     start = time.perf_counter()
-    with tqdm(total=sum(sizes), unit="B", unit_scale=True,
-              desc="index_records", file=sys.stderr) as bar:
-        for name, size in zip(files, sizes):
-            offsets = None if FLAGS.force else record_index.read_saved(name)
-            try:
-                if offsets is None:
-                    offsets = record_index.scan(name)
-                    record_index.write(name, offsets)
-                    built += 1
-                if FLAGS.verify:
-                    count = tfrecord.count_records(name)
-                    if count != len(offsets) - 1:
-                        raise record_index.RecordIndexError(
-                            f"{name}: TensorFlow reads {count} records, the "
-                            f"index {len(offsets) - 1}")
-            except (record_index.RecordIndexError, OSError) as e:
-                sys.exit(f"index_records: error: {e}")
-            except tf.errors.DataLossError as e:
-                sys.exit(f"index_records: error: {name}: "
-                         f"{e.message.strip().splitlines()[0]}")
-            records += len(offsets) - 1
-            bar.update(size)
+    try:
+        results = engine.run(
+            [indexing.IndexTask(f, FLAGS.force, FLAGS.verify)
+             for f in files],
+            indexing.index_file, config=config, work=sizes,
+            work_per_process=BYTES_PER_PROCESS, describe=lambda t: t.name,
+            unit="byte", show_progress=True)
+    except (ValueError, engine.TaskError) as e:
+        sys.exit(f"index_records: error: {e}")
+    records = sum(r[0] for r in results)
+    built = sum(r[1] for r in results)
     seconds = time.perf_counter() - start
     print(f"index_records: {len(files)} files, {records} records "
           f"({built} indexed now, {len(files) - built} already fresh"

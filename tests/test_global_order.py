@@ -66,6 +66,28 @@ def noise_scale(out):
                                           "trace_sigma", "steps_averaged")}
 
 
+def assert_reported(out, output, b_simple):
+    """Where users look: the log line, the closing sentence, TensorBoard
+    and summary.json's intervals (per group too)."""
+    import re
+    from tensorboard.backend.event_processing import event_accumulator
+    assert re.search(r"step 12: loss .*; noise scale [\d.]+ \(batch/noise ",
+                     output), output[-3000:]
+    assert (f"gradient noise scale: B_simple ~ {b_simple:,.0f} examples at "
+            f"step {STEPS}") in output
+    last = json.loads((out / "summary.json").read_text())["intervals"][-1]
+    assert last["gradient_noise_scale"] == pytest.approx(b_simple)
+    assert last["critical_batch_ratio"] == pytest.approx(GLOBAL_BATCH / b_simple)
+    assert {"gradient_noise_scale/embeddings", "gradient_noise_scale/encoder",
+            "gradient_noise_scale/head"} <= set(last)
+    events = event_accumulator.EventAccumulator(str(out / "tensorboard" /
+                                                    "train"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"]) | set(events.Tags()["tensors"])
+    assert {"batch_gradient_noise_scale", "batch_critical_batch_ratio",
+            "batch_gradient_noise_scale/encoder"} <= tags, tags
+
+
 def assert_same_run(reference, other, label):
     assert sorted(reference) == sorted(other)
     for key, value in reference.items():
@@ -79,15 +101,18 @@ def test_one_to_three_workers_and_a_resume_across_counts_end_at_the_same_weights
     config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     (corpus / "no_dropout.json").write_text(json.dumps(config))
     runs = {}
+    outputs = {}
     for workers in (1, 2, 3):
         out = tmp_path / f"w{workers}"
-        run_pretraining(workers, args(corpus, out, workers))
+        _, outputs[workers] = run_pretraining(workers, args(corpus, out,
+                                                            workers))
         runs[workers] = out
     reference = state(runs[1])
     assert int(reference["input_position/.ATTRIBUTES/VARIABLE_VALUE"]) == (
         STEPS * GLOBAL_BATCH)
     noise = noise_scale(runs[1])
     assert noise["steps_averaged"] == STEPS and noise["b_simple"] > 0
+    assert_reported(runs[1], outputs[1], noise["b_simple"])
     for workers in (2, 3):
         assert_same_run(reference, state(runs[workers]), f"{workers} workers")
         assert noise_scale(runs[workers]) == pytest.approx(noise, rel=1e-3)

@@ -20,7 +20,8 @@ import pytest
 import tensorflow as tf
 
 from input_pipelines.record_order import index as record_index
-from tests.conftest import run_workers
+from tests.conftest import run_command, run_workers
+from tests.test_pretraining import corpus, pretrain_args  # noqa: F401
 from tests.test_trainer import mirrored
 from tfscale import noise_scale, precision
 from tfscale.noise_scale import NoiseScaleConfig
@@ -351,6 +352,44 @@ def test_adascale_gain_formula_and_refusals():
         Trainer(model=model, optimizer=optimizer,
                 loss_fn=keras.losses.MeanSquaredError(), strategy=strategy,
                 config=TrainConfig(global_batch_size=8))
+
+
+@pytest.mark.slow
+def test_adascale_and_noise_flags_on_run_pretraining(corpus, tmp_path):  # noqa: F811
+    """The entry point: AdaScale runs (its gain in the log line and the
+    intervals), and each misuse is one line naming the flag."""
+    def run(out, *extra):
+        return run_command([sys.executable, "run_pretraining.py",
+                            *pretrain_args(corpus, out, 8, *extra)],
+                           timeout=300)
+    code, output = run(tmp_path / "ada", "--optimizer=sgd",
+                       "--lr_scaling=adascale", "--reference_batch_size=8",
+                       "--num_accumulation_steps=4", "--log_steps=4",
+                       "--num_warmup_steps=2")
+    assert code == 0, output[-3000:]
+    assert "AdaScale gain" in output
+    last = json.loads((tmp_path / "ada" / "summary.json").read_text())[
+        "intervals"][-1]
+    assert 1.0 <= last["adascale_gain"] <= 4.0  # S = 32 / 8
+    for extra, message in (
+            (["--optimizer=lamb", "--lr_scaling=adascale",
+              "--reference_batch_size=8"],
+             "--lr_scaling 'adascale' is derived for SGD"),
+            (["--optimizer=sgd", "--lr_scaling=adascale",
+              "--reference_batch_size=8"],  # 1 worker, 1 micro-batch
+             "--lr_scaling: AdaScale needs the gradient noise scale"),
+            (["--noise_scale_groups=encoder"],
+             "--noise_scale_groups: noise scale group 'encoder' is not "
+             "name=regex"),
+            (["--noise_scale=preconditioned", "--optimizer=sgd",
+              "--num_accumulation_steps=2"],
+             "--noise_scale: the preconditioned noise scale needs an "
+             "Adam-family optimizer")):
+        code, output = run(tmp_path / "bad", *extra)
+        assert code != 0, extra
+        last_line = output.strip().splitlines()[-1]
+        assert last_line.startswith("run_pretraining: error: "), output[-2000:]
+        assert message in last_line, last_line
 
 
 if __name__ == "__main__":

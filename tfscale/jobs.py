@@ -93,8 +93,9 @@ def make_trainer(*, model, optimizer, loss_fn, strategy, metrics,
 
     Raises:
         JobError: The backend is not installed (--backend), the batch
-            does not divide (--train_batch_size), or AdaScale cannot measure
-            its gain (--lr_scaling).
+            does not divide (--train_batch_size), the noise scale's mode
+            does not fit the optimizer (--noise_scale), or AdaScale cannot
+            measure its gain (--lr_scaling).
     """
     try:
         backend = collectives.make(cluster.backend, strategy,
@@ -106,7 +107,8 @@ def make_trainer(*, model, optimizer, loss_fn, strategy, metrics,
                        strategy=strategy, config=train, metrics=metrics,
                        backend=backend)
     except ValueError as e:
-        setting = ("lr_scaling" if str(e).startswith("AdaScale")
+        setting = ("lr_scaling" if str(e).startswith("AdaScale") else
+                   "noise_scale" if "noise scale" in str(e)
                    else "train_batch_size")
         raise JobError(setting, str(e)) from None
 

@@ -17,6 +17,7 @@ import mmap
 import os
 import struct
 import time
+import uuid
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
@@ -74,7 +75,9 @@ def write(record_file: str, offsets: Optional[np.ndarray] = None) -> str:
         offsets = scan(record_file)
     path = index_path(record_file)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = f"{path}.{os.getpid()}.partial"
+    # A name of this attempt's own: two writers of one index (two hosts
+    # may share a pid) never write into each other's file.
+    partial = f"{path}.{uuid.uuid4().hex}.partial"
     with open(partial, "wb") as f:
         np.save(f, offsets)
     os.replace(partial, path)

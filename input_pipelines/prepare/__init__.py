@@ -1,0 +1,1 @@
+"""The record writers' engine: tasks on Dask distributed (`engine.py`)."""

@@ -1,0 +1,193 @@
+"""Where the record writers' tasks run: here, on a local Dask cluster, or on
+a Dask scheduler that is already running (SLURM, Kubernetes, a workstation).
+
+    with engine.start(EngineConfig(scheduler_file="sched.json"), ...) as run:
+        results = run(tasks, fn)
+
+One task writes one output shard (`shard_writer.write_shard`: under a
+temporary name of its own, renamed into place when complete, indexed last),
+so a task run twice, after its worker died or as two attempts at once,
+leaves the same bytes. Dask reschedules the tasks of a worker that dies
+(at most `distributed.scheduler.allowed-failures` times per task); an error
+raised by a task (a bad input file or image) is not retried: it ends the
+job naming the input and the worker.
+
+Without a scheduler, `processes` writer processes (the tools' rule: one per
+core, but none that would not pay back its TensorFlow import) run on a
+`LocalCluster`; one process runs the tasks here, with no Dask at all.
+Remote workers need this repository on their PYTHONPATH (they import the
+writers' module) and the output folder on a shared file system.
+"""
+
+import dataclasses
+import os
+import sys
+from typing import Callable, List, Optional, Sequence
+
+import tqdm
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Where tasks run.
+
+    Attributes:
+        scheduler: A running Dask scheduler, "tcp://HOST:PORT".
+        scheduler_file: Or the scheduler's `--scheduler-file`.
+        processes: Without a scheduler: writer processes (0: the tool's
+            rule; 1: this process, no Dask).
+    """
+
+    scheduler: Optional[str] = None
+    scheduler_file: Optional[str] = None
+    processes: int = 0
+
+    def __post_init__(self):
+        if self.scheduler and self.scheduler_file:
+            raise ValueError("--scheduler and --scheduler_file: give one, "
+                             "not both")
+        if self.processes < 0:
+            raise ValueError(f"--num_processes must be >= 0, got "
+                             f"{self.processes}")
+
+    @property
+    def remote(self) -> bool:
+        return bool(self.scheduler or self.scheduler_file)
+
+
+def processes_for(requested: int, tasks: int, work: int,
+                  work_per_process: int) -> int:
+    """Writer processes: `requested`, or for 0 one per core but no more
+    than one per `work_per_process` units of work (each process imports
+    TensorFlow, a few seconds); never more than tasks."""
+    if requested:
+        return max(1, min(requested, tasks))
+    wanted = os.cpu_count() or 1
+    return max(1, min(wanted, tasks, -(-work // work_per_process)))
+
+
+def define_flags(flags) -> None:
+    """A writer's flags for where its tasks run (with its own
+    --num_processes)."""
+    flags.DEFINE_string(
+        "scheduler", None, "A running Dask scheduler, tcp://HOST:PORT: its "
+        "workers run the tasks (they need this repository on their "
+        "PYTHONPATH and the folders on a shared file system). Default: "
+        "--num_processes local processes.")
+    flags.DEFINE_string(
+        "scheduler_file", None, "Or the scheduler's --scheduler-file "
+        "(SLURM: launch/slurm_prepare.sbatch).")
+
+
+class TaskError(RuntimeError):
+    """A task failed; the message names its shard, the input and the
+    worker."""
+
+
+def run(tasks: Sequence, fn: Callable, *, config: EngineConfig,
+        work: Sequence[int], work_per_process: int, describe: Callable,
+        unit: str = "record", initial: int = 0,
+        show_progress: bool = False) -> List:
+    """`[fn(task, progress) for task in tasks]` where `config` says.
+
+    Args:
+        tasks: Picklable tasks.
+        fn: A module-level `fn(task, progress) -> result`; `progress(n)`
+            counts units done (in this process; on Dask the bar counts a
+            task's units when it finishes).
+        config: Where to run them.
+        work: Units of work per task (records, images, documents): the
+            progress bar's and the process rule's measure.
+        work_per_process: Units a writer process must have to pay back its
+            start (the local rule).
+        describe: `describe(task) -> str` naming a task in errors.
+        unit: The progress bar's unit.
+        initial: Units done before (shards an earlier run kept).
+        show_progress: A progress bar on stderr (one for the job: units
+            done, rate, ETA).
+
+    Raises:
+        The task's own error (its type kept) with the worker named, or
+        `TaskError` when its type cannot carry the message.
+    """
+    with tqdm.tqdm(total=initial + sum(work), initial=initial, unit=unit,
+                   desc=unit + "s", disable=None if show_progress else True,
+                   smoothing=0.1, file=sys.stderr, dynamic_ncols=True) as bar:
+        processes = processes_for(config.processes, len(tasks), sum(work),
+                                  work_per_process)
+        if not tasks:
+            return []
+        if not config.remote and processes <= 1:
+            return [fn(task, bar.update) for task in tasks]
+        return _run_on_dask(tasks, fn, config, processes, work, describe,
+                            bar)
+
+
+def _run_on_dask(tasks, fn, config, processes, work, describe, bar) -> List:
+    import distributed
+    with _client(config, processes) as client:
+        futures = [client.submit(_call, fn, task, describe(task),
+                                 key=f"tfscale-task-{i}-{describe(task)}",
+                                 pure=False)
+                   for i, task in enumerate(tasks)]
+        units = {f.key: w for f, w in zip(futures, work)}
+        try:
+            for future in distributed.as_completed(futures):
+                if future.status == "error":
+                    future.result()  # raises the task's error here
+                bar.update(units[future.key])
+            return [f.result() for f in futures]
+        except BaseException:
+            client.cancel(futures)
+            raise
+
+
+def _client(config: EngineConfig, processes: int):
+    import distributed
+    if config.scheduler_file:
+        return distributed.Client(scheduler_file=config.scheduler_file,
+                                  timeout="60s")
+    if config.scheduler:
+        return distributed.Client(config.scheduler, timeout="60s")
+    cluster = distributed.LocalCluster(
+        n_workers=processes, threads_per_worker=1, processes=True,
+        dashboard_address=None, host="127.0.0.1")
+    return _ClusterClient(cluster)
+
+
+class _ClusterClient:
+    """A client that also closes its LocalCluster."""
+
+    def __init__(self, cluster):
+        import distributed
+        self._cluster = cluster
+        self._client = distributed.Client(cluster)
+
+    def __enter__(self):
+        return self._client
+
+    def __exit__(self, *exc):
+        self._client.close()
+        self._cluster.close()
+
+
+def _ignore(units: int) -> None:
+    del units
+
+
+def _call(fn, task, name):
+    """Runs on a worker: the task's errors name the shard and the worker."""
+    try:
+        return fn(task, _ignore)
+    except Exception as e:  # noqa: BLE001 - re-raised with context
+        try:
+            import distributed
+            worker = distributed.get_worker().address
+        except (ImportError, ValueError):
+            worker = "this process"
+        message = f"{e} (task {name}, on dask worker {worker})"
+        try:
+            error = type(e)(message)
+        except Exception:  # noqa: BLE001 - a type with other arguments
+            error = TaskError(f"{type(e).__name__}: {message}")
+        raise error from None

@@ -1,0 +1,262 @@
+"""The record writers on a real Dask cluster: a `dask scheduler` and two
+`dask worker` processes on 127.0.0.1 (no nanny: a killed worker stays dead).
+
+- A worker killed with SIGKILL mid-task: the job still finishes, and every
+  shard and index is byte-identical to a one-process run; no temporary file
+  is left.
+- The client killed mid-job: the rerun keeps the complete shards, writes the
+  missing ones, and the bytes are the one-process run's.
+- A bad image fails the job naming the image, the shard and the worker.
+- The indexer's tasks run on the same workers.
+
+And the BERT writer's first stage on its own: documents of every input file
+(plain or gzip) in every bucket, by a stable hash; bytes that are not UTF-8
+named.
+"""
+
+import gzip
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from input_pipelines import pattern_images
+from tests.conftest import REPO, run_command
+from tests.test_pretraining import corpus  # noqa: F401
+
+DASK = os.path.join(os.path.dirname(sys.executable), "dask")
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def dask_cluster(tmp_path):
+    """(scheduler file, [worker processes])."""
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    scheduler_file = tmp_path / "scheduler.json"
+    log = open(tmp_path / "dask.log", "w")
+    processes = [subprocess.Popen(
+        [DASK, "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--no-dashboard", "--scheduler-file", str(scheduler_file)],
+        env=env, stdout=log, stderr=subprocess.STDOUT)]
+    try:
+        wait_for(scheduler_file.exists, 60, "the scheduler")
+        workers = [subprocess.Popen(
+            [DASK, "worker", "--scheduler-file", str(scheduler_file),
+             "--nthreads", "1", "--no-nanny", "--no-dashboard", "--host",
+             "127.0.0.1", "--name", f"w{i}"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+            for i in range(2)]
+        processes += workers
+
+        def both_joined():
+            text = (tmp_path / "dask.log").read_text()
+            return text.count("Starting established connection") >= 2
+        wait_for(both_joined, 90, "two workers")
+        yield str(scheduler_file), workers
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def open_files(pid):
+    """The paths process `pid` holds open (Linux /proc)."""
+    folder = f"/proc/{pid}/fd"
+    paths = []
+    try:
+        for fd in os.listdir(folder):
+            try:
+                paths.append(os.readlink(os.path.join(folder, fd)))
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return paths
+
+
+def digests(folder):
+    """{relative path: sha256} of every file, index files included."""
+    result = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                result[os.path.relpath(path, folder)] = hashlib.sha256(
+                    f.read()).hexdigest()
+    return result
+
+
+def temporary_files(folder):
+    return [os.path.join(root, name) for root, _, files in os.walk(folder)
+            for name in files
+            if name.endswith((".incomplete", ".partial"))]
+
+
+def build_images(image_dir, out, *extra, wait=True):
+    command = [sys.executable, "-m", "input_pipelines.build_image_records",
+               f"--image_dir={image_dir}", f"--output_dir={out}",
+               "--num_shards=8", "--noprogress", *extra]
+    if wait:
+        return run_command(command, timeout=300)
+    return subprocess.Popen(command, cwd=REPO, env=dict(
+        os.environ, PYTHONPATH=REPO), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_image_writer_survives_a_killed_worker_with_identical_bytes(
+        dask_cluster, tmp_path):
+    scheduler_file, workers = dask_cluster
+    image_dir = str(tmp_path / "images")
+    pattern_images.write_image_folder(image_dir, 3, 24, seed=2)
+    code, output = build_images(image_dir, tmp_path / "one",
+                                "--num_processes=1")
+    assert code == 0, output
+    reference = digests(tmp_path / "one")
+    assert len([n for n in reference if n.startswith("train-")]) == 8
+
+    out = tmp_path / "dask"
+    job = build_images(image_dir, out, f"--scheduler_file={scheduler_file}",
+                       wait=False)
+    # Kill the worker that holds a shard's temporary file open: mid-task.
+    victim = []
+
+    def writing_worker():
+        for worker in workers:
+            if any(t.endswith(".incomplete") for t in open_files(worker.pid)):
+                victim.append(worker)
+                return True
+        return False
+    wait_for(writing_worker, 120, "a worker writing a shard")
+    victim[0].send_signal(signal.SIGKILL)
+    output, _ = job.communicate(timeout=300)
+    assert job.returncode == 0, output
+    assert victim[0].wait() == -signal.SIGKILL
+    # Its attempt's file was left behind, then removed by the client.
+    assert re.search(r"removed [1-9]\d* temporary file", output), output
+    assert digests(out) == reference
+    assert temporary_files(out) == []
+    # The indexer on the same workers: every index rebuilt, the same bytes.
+    for index in (out / ".tfscale-index").iterdir():
+        index.unlink()
+    code, output = run_command(
+        [sys.executable, "-m", "input_pipelines.index_records",
+         f"--scheduler_file={scheduler_file}", str(out / "train-*")],
+        timeout=300)
+    assert code == 0, output
+    assert "index_records: 8 files" in output and "8 indexed now" in output
+    assert digests(out) == reference
+
+    # A bad image: the job fails naming it, its shard and the worker.
+    bad = os.path.join(image_dir, "class_000", "broken.jpg")
+    with open(bad, "wb") as f:
+        f.write(b"not a JPEG")
+    code, output = build_images(image_dir, tmp_path / "bad",
+                                f"--scheduler_file={scheduler_file}")
+    assert code != 0
+    line = output.strip().splitlines()[-1]
+    assert line.startswith("build_image_records: error: "), output[-2000:]
+    assert "broken.jpg" in line and "on dask worker tcp://127.0.0.1:" in line
+    assert temporary_files(tmp_path / "bad") == []
+
+
+@pytest.mark.slow
+def test_bert_writer_rerun_after_the_client_died_writes_the_same_bytes(
+        dask_cluster, corpus, tmp_path):  # noqa: F811
+    scheduler_file, _ = dask_cluster
+
+    def command(out, *extra):
+        return [sys.executable, "-m", "input_pipelines.create_pretraining_data",
+                f"--input_file={corpus}/corpus.txt",
+                f"--vocab_file={corpus}/vocab.txt",
+                f"--output_file={out}/train.tfrecord",
+                "--num_output_shards=8", "--max_seq_length=32",
+                "--max_predictions_per_seq=5", "--dupe_factor=3",
+                "--noprogress", *extra]
+    code, output = run_command(command(tmp_path / "one", "--num_processes=1"),
+                               timeout=300)
+    assert code == 0, output
+    reference = digests(tmp_path / "one")
+
+    out = tmp_path / "dask"
+    client = subprocess.Popen(
+        command(out, f"--scheduler_file={scheduler_file}"), cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    index = out / ".tfscale-index"
+    wait_for(lambda: index.exists() and len(os.listdir(index)) >= 1, 180,
+             "a first complete shard")
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    done_before = len([n for n in os.listdir(index) if n.endswith(".npy")])
+    code, output = run_command(
+        command(out, f"--scheduler_file={scheduler_file}"), timeout=300)
+    assert code == 0, output
+    if done_before < 8:
+        assert "kept" in output and "complete shards of an earlier run" in (
+            output), output
+    # (Tasks the dead client had submitted may have finished meanwhile:
+    # they wrote the same bytes.)
+    assert digests(out) == reference
+    assert temporary_files(out) == []
+
+
+def test_buckets_mix_documents_of_every_file_stably(tmp_path):
+    from input_pipelines.prepare import buckets
+    files = []
+    for i in range(2):
+        text = "".join(f"file {i} document {d} first.\nsecond line.\n\n"
+                       for d in range(40))
+        path = tmp_path / f"corpus-{i}.txt"
+        if i == 1:
+            path = tmp_path / "corpus-1.txt.gz"
+            with gzip.open(path, "wt", encoding="utf-8") as f:
+                f.write(text)
+        else:
+            path.write_text(text)
+        files.append(str(path))
+    work = tmp_path / "work"
+    work.mkdir()
+    parts = [buckets.split_file(buckets.SplitTask(f, i, 4, 7, str(work)),
+                                lambda n: None) for i, f in enumerate(files)]
+    assert sum(sum(p["documents"]) for p in parts) == 80
+    sources = set()
+    for bucket in range(4):
+        documents = buckets.read_bucket(str(work), 2, bucket)
+        sources |= {(bucket, d[0].split()[1]) for d in documents}
+        assert all(len(d) == 2 for d in documents)
+    # Every bucket holds documents of both files.
+    assert sources == {(b, f) for b in range(4) for f in ("0", "1")}
+    # Stable: the same bucket in another process and Python (no salted hash).
+    code = ("from input_pipelines.prepare.buckets import bucket_of; "
+            "print(bucket_of(7, ['a b', 'c'], 1000))")
+    outputs = {run_command([sys.executable, "-c", code],
+                           env={"PYTHONHASHSEED": seed})[1].strip()
+               for seed in ("1", "2")}
+    assert outputs == {str(buckets.bucket_of(7, ["a b", "c"], 1000))}
+    # A part is written once: a second call keeps it.
+    before = os.stat(buckets.part_paths(str(work), 0)[0]).st_mtime_ns
+    buckets.split_file(buckets.SplitTask(files[0], 0, 4, 7, str(work)),
+                       lambda n: None)
+    assert os.stat(buckets.part_paths(str(work), 0)[0]).st_mtime_ns == before
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine line\n\nsecond \xff\xfe line\n")
+    with pytest.raises(ValueError, match=r"bad.txt: line 3 \(byte 18\) is "
+                                         "not UTF-8"):
+        buckets.split_file(buckets.SplitTask(str(bad), 2, 4, 7, str(work)),
+                           lambda n: None)
