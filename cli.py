@@ -12,10 +12,7 @@ from typing import Callable
 # Lines TensorFlow prints while it loads and looks for GPUs. On a host with
 # no NVIDIA device they say nothing ("failed call to cuInit: ... CUDA error"
 # reads as a failure), so a quiet run drops them there.
-CPU_HOST_NOISE = ("cuInit", "cudart_stub.cc", "cpu_feature_guard.cc",
-                  "To enable the following instructions",
-                  "All log messages before absl::InitializeLog",
-                  "Unable to register cu", "computation_placer.cc")
+from launch.constants import CPU_HOST_NOISE
 
 
 class _NoTensorFlowInfo(logging.Filter):

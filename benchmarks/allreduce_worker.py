@@ -22,6 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 from tfscale import cluster as cluster_lib  # noqa: E402
+from tfscale import strategies  # noqa: E402
 from tfscale import collectives as collectives_lib  # noqa: E402
 
 PIECES = 8  # tensors in the fused variant
@@ -94,7 +95,7 @@ def main(argv):
     info = cluster_lib.resolve_cluster(backend=args.backend)
     config = cluster_lib.ClusterConfig(backend=args.backend,
                                        collective_timeout_seconds=600)
-    strategy = cluster_lib.make_strategy(info, config)
+    strategy = strategies.make_strategy(info, config)
     collectives = collectives_lib.make(args.backend, strategy)
     comm = getattr(collectives, "comm", None)
     barrier = collectives.barrier

@@ -18,6 +18,7 @@ import tensorflow as tf
 from input_pipelines import images, tfrecord
 from models import benchmark_models, bert, bert_config
 from tfscale import cluster as cluster_lib
+from tfscale import strategies
 from tfscale import collectives
 from tfscale import precision
 from tfscale.trainer import TrainConfig, Trainer
@@ -121,7 +122,7 @@ def main(argv):
     info = cluster_lib.resolve_cluster(backend=args.backend)
     config = cluster_lib.ClusterConfig(backend=args.backend,
                                        bytes_per_pack=args.bytes_per_pack)
-    strategy = cluster_lib.make_strategy(info, config)
+    strategy = strategies.make_strategy(info, config)
     precision.set_precision(args.precision)
     replicas = strategy.num_replicas_in_sync * (
         info.num_workers if args.backend == "mpi" else 1)

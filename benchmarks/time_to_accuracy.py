@@ -66,6 +66,8 @@ class Task:
         cap_examples: A run that has not reached the target by then (or
             by MAX_STEPS) stops.
         warmup_examples: Linear warmup over this many examples.
+        evaluation_growth: Evaluations every step up to 20, then each this
+            factor after the last (the steps to the target are known to it).
     """
 
     name: str
@@ -81,6 +83,7 @@ class Task:
     loss_fn: object
     dataset_fn: Callable  # (per-replica batch, seed) -> dataset_fn
     evaluate: Callable  # model -> metric value
+    evaluation_growth: float = 1.05
 
 
 # ---- Fashion-MNIST -------------------------------------------------------------
@@ -157,7 +160,7 @@ def bert_task(records: str, bert_config: str, target: float) -> Task:
     limits = bert_records.IdLimits(config.vocab_size, config.type_vocab_size)
     held_out = bert_records.make_dataset_fn(
         tfrecord.TFRecordConfig(files[-1:], training=False), spec, 256,
-        limits)(None).take(4).cache()
+        limits)(None).take(2).cache()
 
     def build_model():
         return bert.make_pretrainer(config, 64, 10)
@@ -181,19 +184,19 @@ def bert_task(records: str, bert_config: str, target: float) -> Task:
         target=target, higher_is_better=False, metric="held-out MLM loss",
         cap_examples=200_000, warmup_examples=2_000,
         build_model=build_model, loss_fn=bert.pretraining_loss,
-        dataset_fn=dataset_fn, evaluate=evaluate)
+        dataset_fn=dataset_fn, evaluate=evaluate, evaluation_growth=1.1)
 
 
 # ---- one run ----------------------------------------------------------------------
 
 
-def evaluation_steps(limit: int) -> List[int]:
-    """Every step up to 20, then about 5% apart: steps to the target are
-    known to 5%."""
+def evaluation_steps(limit: int, growth: float) -> List[int]:
+    """Every step up to 20, then `growth` apart: steps to the target are
+    known to that factor."""
     steps, step = [], 1
     while step <= limit:
         steps.append(step)
-        step = step + 1 if step < 20 else int(math.ceil(step * 1.05))
+        step = step + 1 if step < 20 else int(math.ceil(step * growth))
     return steps
 
 
@@ -204,7 +207,7 @@ class UntilTarget(keras.callbacks.Callback):
     def __init__(self, task: Task, trainer_ref: list, limit: int):
         super().__init__()
         self.task, self.trainer_ref = task, trainer_ref
-        self.due = set(evaluation_steps(limit))
+        self.due = set(evaluation_steps(limit, task.evaluation_growth))
         self.step = 0
         self.reached_at = None
         self.b_simple = None

@@ -41,21 +41,6 @@ class SpecialIds:
     vocab_size: int
 
 
-def read_documents(lines: Sequence[str]) -> List[List[str]]:
-    """Lines -> documents (lists of sentences); blank lines separate them."""
-    documents, current = [], []
-    for line in lines:
-        line = line.strip()
-        if line:
-            current.append(line)
-        elif current:
-            documents.append(current)
-            current = []
-    if current:
-        documents.append(current)
-    return documents
-
-
 def truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
     """Trims the longer sequence, from a random end, until the pair fits."""
     while len(tokens_a) + len(tokens_b) > max_num_tokens:

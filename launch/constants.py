@@ -13,3 +13,11 @@ PREEMPTED_EXIT_CODE = 143
 # The tf.data service dispatcher (HOST:PORT) the entry points read their
 # training records from; `launch.local --data_service_workers K` sets it.
 DATA_SERVICE_ADDRESS_ENV = "TFSCALE_DATA_SERVICE"
+
+# Lines TensorFlow prints on every start on a host without a GPU (and
+# cannot be told not to): the entry points and the data service's log pump
+# drop them.
+CPU_HOST_NOISE = ("cuInit", "cudart_stub.cc", "cpu_feature_guard.cc",
+                  "To enable the following instructions",
+                  "All log messages before absl::InitializeLog",
+                  "Unable to register cu", "computation_placer.cc")

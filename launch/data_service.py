@@ -17,7 +17,7 @@ import threading
 import time
 from typing import List, Optional
 
-from launch import constants
+from launch import children, constants
 
 ADDRESS_ENV = constants.DATA_SERVICE_ADDRESS_ENV
 
@@ -63,22 +63,19 @@ class Service:
         self._watcher.start()
 
     def _start(self, index: int) -> subprocess.Popen:
-        from launch.local import _die_with_launcher
         proc = subprocess.Popen(
             self._commands[index], env=self._env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=(_die_with_launcher if sys.platform == "linux"
-                        else None))
+            preexec_fn=children.PREEXEC)
         threading.Thread(target=self._pump, args=(self._names[index], proc),
                          daemon=True).start()
         return proc
 
     def _pump(self, name: str, proc):
-        from cli import CPU_HOST_NOISE
         for raw in iter(proc.stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            if not any(noise in line for noise in CPU_HOST_NOISE):
+            if not any(noise in line for noise in constants.CPU_HOST_NOISE):
                 self._say(f"[{name}] {line}")
 
     def _say(self, line: str):
@@ -94,9 +91,8 @@ class Service:
                 code = proc.poll()
                 if code is None or self._stopping:
                     continue
-                from launch.local import describe_exit
                 self._say(f"[launcher] {self._names[index]} died "
-                          f"({describe_exit(code)}); starting a new one")
+                          f"({children.describe_exit(code)}); starting a new one")
                 self.procs[index] = self._start(index)
             time.sleep(0.2)
 

@@ -38,6 +38,7 @@ import threading
 import time
 from typing import List, Mapping, Optional, Sequence
 
+from launch import children
 from launch.constants import PREEMPTED_EXIT_CODE
 
 POLL_SECONDS = 0.1
@@ -194,41 +195,6 @@ def default_threads(num_workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // num_workers)
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def shell_code(code: int) -> int:
-    """A process return code as a shell exit status (signal N -> 128+N)."""
-    return 128 - code if code < 0 else code
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_launcher():
-    """preexec_fn: the worker gets SIGKILL when the launcher dies.
-
-    Workers run in their own session (so a signal to the worker reaches its
-    children too), which also means nothing would end them if the launcher
-    itself were killed: they would hold ports, cores and GPUs. Linux's
-    parent-death signal closes that gap; elsewhere nothing is set.
-    """
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the launcher died before prctl took effect
-        os._exit(1)
-
-
 class _Group:
     """The running worker processes of one attempt."""
 
@@ -244,8 +210,7 @@ class _Group:
                 spec.command, env=dict(spec.env), stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=(_die_with_launcher if sys.platform == "linux"
-                            else None))
+                preexec_fn=children.PREEXEC)
             self.procs.append(proc)
             thread = threading.Thread(target=self._pump,
                                       args=(spec.index, proc), daemon=True)
@@ -340,8 +305,7 @@ class _MpiGroup:
             list(command), env=dict(env), stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=(_die_with_launcher if sys.platform == "linux"
-                        else None))
+            preexec_fn=children.PREEXEC)
         self._thread = threading.Thread(target=self._pump, daemon=True)
         self._thread.start()
 
@@ -518,15 +482,15 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
             else:
                 # The others cannot finish a step (or a checkpoint) without
                 # it: there is nothing to wait for.
-                _say(out, f"{who} failed ({describe_exit(code)})"
+                _say(out, f"{who} failed ({children.describe_exit(code)})"
                           f"{_last_words(group, index, code)}; stopping the "
                           "other workers")
                 group.stop(0.0, sig=signal.SIGKILL)
             if attempt < max_restarts:
                 _say(out, f"restart {attempt + 1}/{max_restarts}: starting "
                           f"{num_workers} workers again (cause: {who} "
-                          f"{describe_exit(code)})")
-        return shell_code(code)
+                          f"{children.describe_exit(code)})")
+        return children.shell_code(code)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from launch import local
+from launch import children, local
 from tests.conftest import REPO, run_command
 
 
@@ -60,8 +60,8 @@ def test_cli_requires_a_command(capsys):
 
 
 def test_exit_codes_follow_the_shell():
-    assert local.shell_code(-9) == 137 and local.shell_code(3) == 3
-    assert local.describe_exit(-9) == "killed by SIGKILL"
+    assert children.shell_code(-9) == 137 and children.shell_code(3) == 3
+    assert children.describe_exit(-9) == "killed by SIGKILL"
 
 
 def processes_mentioning(token):

@@ -58,3 +58,84 @@ def test_only_the_cluster_module_reads_the_cluster_environment():
         text = path.read_text()
         if path.name != "cluster.py":
             assert "os.environ" not in text and "SLURM_PROCID" not in text, path
+
+
+ROOT_MODULES = {p.stem for p in REPO.glob("*.py") if p.name != "setup.py"}
+
+
+def module_graph():
+    """{module: modules of this repository it imports}, counting imports
+    anywhere in a file (function bodies included)."""
+    modules = {}
+    for folder in ("tfscale", "input_pipelines", "models", "launch"):
+        for path in (REPO / folder).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join(parts)] = path
+    for name in ROOT_MODULES:
+        modules[name] = REPO / f"{name}.py"
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                wanted = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                wanted = [f"{node.module}.{a.name}" for a in node.names]
+                wanted = [w for w in wanted if w in modules] or [node.module]
+            else:
+                continue
+            for target in wanted:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def circles(graph):
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles_even_inside_functions():
+    assert circles(module_graph()) == []
+
+
+def test_the_circle_check_can_fail():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+
+
+def test_launch_imports_no_root_module():
+    graph = module_graph()
+    for name, targets in graph.items():
+        if name.startswith("launch"):
+            assert not targets & ROOT_MODULES, (name, targets & ROOT_MODULES)

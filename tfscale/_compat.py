@@ -305,3 +305,14 @@ def learning_rate_schedule(optimizer):
     if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
         return schedule
     return None
+
+
+def clear_restored_epoch(model) -> None:
+    """Forgets the epoch a `BackupAndRestore` callback restored before."""
+    model._initial_epoch = None
+
+
+def restored_epoch(model):
+    """The epoch Keras 3's `BackupAndRestore` restored in `on_train_begin`
+    (it sets `model._initial_epoch`, not public API), or None."""
+    return getattr(model, "_initial_epoch", None)

@@ -34,7 +34,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfscale import _compat
-from tfscale.cluster import chief_and_worker_count, worker_index
+from tfscale.strategies import chief_and_worker_count, worker_index
 
 BACKENDS = ("mwms", "mpi")
 

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from tfscale import checkpointing
 from tfscale import cluster as cluster_lib
+from tfscale import strategies
 from tfscale import collectives
 from tfscale import noise_scale
 from tfscale import precision as precision_lib
@@ -82,7 +83,7 @@ def start_worker(cluster: ClusterConfig, *, output_dir: str, precision: str,
             tf.config.experimental.enable_op_determinism()
         keras.utils.set_random_seed(seed)
         precision_lib.set_precision(precision)
-        return info, cluster_lib.make_strategy(info, cluster)
+        return info, strategies.make_strategy(info, cluster)
     except cluster_lib.ClusterError as e:
         raise JobError(None, str(e)) from None
 

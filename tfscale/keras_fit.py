@@ -38,7 +38,7 @@ import tensorflow as tf
 from tfscale import _compat
 from tfscale import callback_files
 from tfscale import fail_fast
-from tfscale.cluster import chief_and_worker_count, worker_index
+from tfscale.strategies import chief_and_worker_count, worker_index
 from tfscale.collectives import StrategyCollectives
 
 

@@ -46,7 +46,7 @@ class Trainer:
         optimizer: Its optimizer, created under `strategy.scope()`.
         loss_fn: `keras.losses.Loss` or `fn(y_true, y_pred)` returning one
             loss per example.
-        strategy: The strategy (from `tfscale.cluster.make_strategy`, or any
+        strategy: The strategy (from `tfscale.strategies.make_strategy`, or any
             `MirroredStrategy` / `MultiWorkerMirroredStrategy`; with backend
             "mpi", a single-replica one such as `tfscale.mpi.make_strategy()`).
         config: A `TrainConfig`.
@@ -412,19 +412,20 @@ class Trainer:
         if positioned:
             reordered = self._settle_input_order(dataset_fn)
             self._position_feed(dataset_fn)
-        self.model._initial_epoch = None
+        _compat.clear_restored_epoch(self.model)
         _compat.build_compiled_metrics(self.model, self.metrics,
                                        self._feed.iterator.element_spec)
         callback_list.on_train_begin()
         if worker_dir:
             callback_files.route_backup_writes(callbacks, worker_dir)
         moved = False
-        if restored and self.model._initial_epoch is not None:
+        backup_epoch = _compat.restored_epoch(self.model)
+        if restored and backup_epoch is not None:
             # BackupAndRestore loaded its weights over ours: ours win.
             self._keeper.restore_latest()
-        elif self.model._initial_epoch:
+        elif backup_epoch:
             # BackupAndRestore restored weights at an epoch boundary.
-            self.step.assign(self.model._initial_epoch * steps_per_epoch)
+            self.step.assign(backup_epoch * steps_per_epoch)
             moved = True
         elif initial_epoch and not int(self.step.numpy()):
             self.step.assign(initial_epoch * steps_per_epoch)

@@ -22,7 +22,22 @@ import hashlib
 import json
 import os
 import uuid
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
+
+
+def read_documents(lines: Sequence[str]) -> List[List[str]]:
+    """Lines -> documents (lists of sentences); blank lines separate them."""
+    documents, current = [], []
+    for line in lines:
+        line = line.strip()
+        if line:
+            current.append(line)
+        elif current:
+            documents.append(current)
+            current = []
+    if current:
+        documents.append(current)
+    return documents
 
 
 def bucket_of(seed: int, document: List[str], buckets: int) -> int:
@@ -72,7 +87,6 @@ def read_text(path: str) -> List[str]:
 def split_file(task: SplitTask, progress) -> Dict:
     """Buckets one input file's documents; returns its part's summary
     ({"documents": [count per bucket]}). A complete part is kept."""
-    from input_pipelines.bert_instances import read_documents
     text_path, json_path = part_paths(task.workdir, task.file_index)
     if os.path.exists(json_path):
         with open(json_path) as f:
@@ -99,7 +113,6 @@ def split_file(task: SplitTask, progress) -> Dict:
 
 def read_bucket(workdir: str, files: int, bucket: int) -> List[List[str]]:
     """Bucket `bucket`'s documents from every part, in file order."""
-    from input_pipelines.bert_instances import read_documents
     documents = []
     for index in range(files):
         text_path, json_path = part_paths(workdir, index)

@@ -18,6 +18,7 @@ import tensorflow as tf  # noqa: E402
 import cli  # noqa: E402
 from tfscale import _compat  # noqa: E402
 from tfscale import cluster as cluster_lib  # noqa: E402
+from tfscale import strategies  # noqa: E402
 from tfscale import collectives  # noqa: E402
 
 
@@ -27,7 +28,7 @@ def main():
     parser.add_argument("--report_delay", type=float, default=2.0)
     args = parser.parse_args()
     info = cluster_lib.resolve_cluster()
-    strategy = cluster_lib.make_strategy(info, cluster_lib.ClusterConfig())
+    strategy = strategies.make_strategy(info, cluster_lib.ClusterConfig())
     workers = collectives.make("mwms", strategy)
 
     @tf.function

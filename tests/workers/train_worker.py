@@ -21,6 +21,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tfscale import cluster as cluster_lib  # noqa: E402
+from tfscale import strategies  # noqa: E402
 from tfscale import collectives  # noqa: E402
 from tfscale import trainer as trainer_lib  # noqa: E402
 from tfscale.optim import Lamb  # noqa: E402
@@ -123,7 +124,7 @@ def main(argv):
         connect_timeout_seconds=args.connect_timeout,
         slurm_port_base=args.slurm_port_base, backend=args.backend)
     try:
-        strategy = cluster_lib.make_strategy(info, config)
+        strategy = strategies.make_strategy(info, config)
     except cluster_lib.ClusterError as e:
         sys.exit(f"tfscale: error: {e}")
     with strategy.scope():

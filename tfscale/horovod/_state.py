@@ -14,6 +14,7 @@ from typing import Optional
 
 from tfscale import cluster
 from tfscale import fail_fast
+from tfscale import strategies
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 CHECKS = ("every", "first")
@@ -81,7 +82,7 @@ def init(comm=None, process_sets=None) -> None:
     # MPI_Init itself waits for every rank (holding the GIL): a watchdog
     # process ends this rank with one line if they are not all there in
     # time (tfscale-run --start-timeout).
-    with (cluster.StartupWatchdog(info, timeout, who="rank") if timeout
+    with (strategies.StartupWatchdog(info, timeout, who="rank") if timeout
           else contextlib.nullcontext()):
         MPI = mpi_lib.import_mpi()
         comm = comm if comm is not None else MPI.COMM_WORLD
