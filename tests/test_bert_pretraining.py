@@ -17,7 +17,7 @@ from input_pipelines import bert_records, tfrecord
 from input_pipelines.bert_records import BertRecordSpec, IdLimits
 from input_pipelines.tfrecord import TFRecordConfig
 from models import bert_config
-from pretraining import (PretrainingConfig, PretrainingError,
+from models.tasks.pretraining import (PretrainingConfig, PretrainingError,
                                      train_and_evaluate)
 from tests.conftest import run_command
 from tfscale.cluster import ClusterConfig

@@ -4,7 +4,8 @@ import ast
 import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-ENTRY_POINTS = {"run_pretraining.py", "export_bert.py", "train_image_classifier.py",
+ENTRY_POINTS = {"models/tasks/run_pretraining.py", "models/tasks/export_bert.py",
+                "models/tasks/train_image_classifier.py",
                 "input_pipelines/create_pretraining_data.py",
                 "input_pipelines/build_image_records.py", "input_pipelines/make_demo_images.py",
                 "input_pipelines/make_demo_corpus.py", "input_pipelines/index_records.py"}
@@ -46,18 +47,28 @@ def test_engine_never_imports_models_or_pipelines():
 
 
 def test_models_and_pipelines_do_not_know_each_other():
+    # (The jobs, models/tasks, join a model with its records.)
     for path in sources("models"):
+        if path.parent.name == "tasks":
+            continue
         assert not any(m.startswith("input_pipelines")
                        for m in imported_modules(path)), path
     for path in sources("input_pipelines"):
         assert not any(m.startswith("models") for m in imported_modules(path)), path
 
 
+# The edge also reads and sets the environment: TensorFlow's log level
+# before it loads, and the data service address the launcher sets.
+EDGE = {"tfscale/cluster.py", "tfscale/edge.py", "models/tasks/flags.py"}
+
+
 def test_only_the_cluster_module_reads_the_cluster_environment():
     for path in sources("tfscale", "input_pipelines", "models"):
         text = path.read_text()
-        if path.name != "cluster.py":
+        if str(path.relative_to(REPO)) not in EDGE:
             assert "os.environ" not in text and "SLURM_PROCID" not in text, path
+        if path.name != "cluster.py":
+            assert "SLURM_PROCID" not in text, path
 
 
 ROOT_MODULES = {p.stem for p in REPO.glob("*.py") if p.name != "setup.py"}
@@ -139,3 +150,22 @@ def test_launch_imports_no_root_module():
     for name, targets in graph.items():
         if name.startswith("launch"):
             assert not targets & ROOT_MODULES, (name, targets & ROOT_MODULES)
+
+
+def test_nothing_but_the_packages_is_installed_and_root_files_are_shims():
+    """setup.py installs the four packages and console scripts only; the
+    checkout's root scripts hold no code of their own."""
+    setup = (REPO / "setup.py").read_text()
+    assert "py_modules" not in setup
+    for name in ROOT_MODULES:
+        text = (REPO / f"{name}.py").read_text()
+        assert len(text.splitlines()) <= 12, name
+        assert f"from models.tasks.{name} import run" in text, name
+    # The edge loads TensorFlow only once it has quieted it (in a function).
+    top = ast.parse((REPO / "tfscale" / "edge.py").read_text()).body
+    loaded = [a.name for node in top if isinstance(node, ast.Import)
+              for a in node.names]
+    loaded += [node.module for node in top
+               if isinstance(node, ast.ImportFrom) and node.module]
+    assert not any(m.split(".")[0] in ("tensorflow", "keras", "tfscale")
+                   and m != "tfscale" for m in loaded if m), loaded

@@ -6,7 +6,7 @@
     intervals = fit(trainer, dataset_fn, steps, output_dir, log_steps)
     results = run_results(trainer, info, ...); print(done_summary(...))
 
-`pretraining.py` (BERT) and `image_classification.py` (ResNet-50) are
+`models/tasks/pretraining.py` (BERT) and `image_classification.py` (ResNet-50) are
 these steps around their own records and model. Errors the user can fix
 are `JobError`s: one line, naming the setting (which is also the flag).
 """

@@ -192,7 +192,7 @@ class MpiCollectives:
 
     def leave_together(self) -> None:
         """A barrier: `MPI_Finalize`, which every rank calls on its way out
-        (`cli.leave`), completes whatever communication is still pending."""
+        (`tfscale.edge.leave`), completes whatever communication is still pending."""
         self.barrier()
 
     def broadcast_from_chief(self, variables) -> None:

@@ -1,0 +1,356 @@
+r"""BERT pretraining on one or many workers.
+
+    python run_pretraining.py --input_file='records/train-*.tfrecord' \
+        --output_dir=runs/bert --bert_config_file=bert_config.json \
+        --train_batch_size=256 --max_seq_length=128 --max_predictions_per_seq=20 \
+        --num_train_steps=10000 --num_warmup_steps=1000 --learning_rate=1e-3
+
+Single worker by default; under TF_CONFIG (launch.local, Kubernetes) or
+SLURM (`srun`) it runs multi-worker with no other change. Flag names follow
+Google's and NVIDIA's run_pretraining.py where the meaning is the same, so
+their command lines (and --flagfile files) carry over.
+
+This file is the edge: it defines the flags (grouped by concern in
+--helpfull), turns them into one frozen `PretrainingConfig`, and calls
+`pretraining.train_and_evaluate`, which does the rest.
+"""
+
+import os
+import re
+import sys
+
+from absl import app, flags
+
+from models.tasks.flags import (data_service_from_flags,
+                                define_data_service_flags)
+from tfscale.edge import (define_noise_scale_flags, noise_scale_from_flags,
+                          quiet_tensorflow, run_job)
+
+FLAGS = flags.FLAGS
+
+
+def _concern(number: int, name: str) -> dict:
+    """Flags of one concern share a --helpfull section (sorted by number)."""
+    return {"module_name": f"run_pretraining ({number}) {name}"}
+
+
+DATA = _concern(1, "records")
+flags.DEFINE_string("input_file", None, "Training records: globs or a comma "
+                    "list (Google's format).", **DATA)
+flags.DEFINE_string("eval_input_file", None, "Evaluation records (default "
+                    "with --do_eval: --input_file).", **DATA)
+flags.DEFINE_integer("max_seq_length", 128, "Tokens per record.", **DATA)
+flags.DEFINE_integer("max_predictions_per_seq", 20, "Masked tokens per record.",
+                     **DATA)
+flags.DEFINE_integer("shuffle_buffer_size", 10000, "Record shuffle buffer "
+                     "(--input_order=sharded).",
+                     **DATA)
+flags.DEFINE_integer("cycle_length", 2, "Files read at once per worker.",
+                     **DATA)
+flags.DEFINE_bool("skip_corrupt_records", False, "Skip and log bad records.",
+                  **DATA)
+flags.DEFINE_enum("input_order", "global", ["global", "sharded"],
+                  "global: one seeded order, the same records in each global "
+                  "batch on any worker count, exact resume on any count; "
+                  "sharded: files dealt out per worker (for compressed or "
+                  "remote records; the default with --data_service).", **DATA)
+define_data_service_flags(flags, **DATA)
+
+MODEL = _concern(2, "model")
+flags.DEFINE_string("bert_config_file", None, "Google bert_config.json.",
+                    **MODEL)
+flags.DEFINE_enum("model", "bert_tiny", ["bert_tiny", "bert_mini", "bert_small",
+                                         "bert_medium", "bert_base", "bert_large"],
+                  "Preset size when no --bert_config_file is given.", **MODEL)
+flags.DEFINE_integer("vocab_size", 30522, "Vocab size for a preset model.",
+                     **MODEL)
+flags.DEFINE_string("init_checkpoint", None,
+                    "Initial model weights when --output_dir has no checkpoint "
+                    "yet: Google's bert_model.ckpt or a tfscale checkpoint "
+                    "(prefix or directory); step and optimizer start fresh.",
+                    **MODEL)
+
+OPTIM = _concern(3, "optimizer and schedule")
+flags.DEFINE_integer("train_batch_size", 32, "Global batch per optimizer step.",
+                     **OPTIM)
+flags.DEFINE_integer("num_accumulation_steps", 1, "Micro-batches per step.",
+                     **OPTIM)
+flags.DEFINE_float("learning_rate", 1e-4, "Peak learning rate.", **OPTIM)
+flags.DEFINE_integer("num_train_steps", 1000, "Optimizer steps.", **OPTIM)
+flags.DEFINE_integer("num_warmup_steps", 100, "Linear warmup steps.", **OPTIM)
+flags.DEFINE_enum("lr_schedule", "polynomial", ["polynomial", "cosine",
+                                                "constant"],
+                  "Decay after warmup.", **OPTIM)
+flags.DEFINE_enum("lr_scaling", "none", ["none", "linear", "sqrt", "adascale"],
+                  "Scale --learning_rate from --reference_batch_size "
+                  "(adascale: by the gain the gradient noise scale gives at "
+                  "every step; --optimizer=sgd).", **OPTIM)
+flags.DEFINE_integer("reference_batch_size", 0, "Batch the rate was tuned at.",
+                     **OPTIM)
+flags.DEFINE_enum("optimizer", "lamb", ["lamb", "adamw", "sgd"], "Optimizer.",
+                  **OPTIM)
+flags.DEFINE_float("weight_decay", 0.01, "Weight decay rate.", **OPTIM)
+flags.DEFINE_float("clip_global_norm", 1.0, "Global-norm clip (0: none).",
+                   **OPTIM)
+flags.DEFINE_integer("seed", 12345, "Seed of weights, dropout and shuffling.",
+                     **OPTIM)
+
+SPEED = _concern(4, "numerics and distribution")
+flags.DEFINE_enum("precision", "float32",
+                  ["float32", "mixed_bfloat16", "mixed_float16"], "Precision.",
+                  **SPEED)
+flags.DEFINE_bool("xla", False, "XLA-compile the forward/backward pass.",
+                  **SPEED)
+flags.DEFINE_bool("deterministic", False, "Deterministic ops and input order.",
+                  **SPEED)
+flags.DEFINE_enum("backend", "mwms", ["mwms", "mpi"],
+                  "How workers sum gradients: mwms = MultiWorkerMirrored"
+                  "Strategy (workers from TF_CONFIG or SLURM; NCCL on GPUs); "
+                  "mpi = MPI.Allreduce between the ranks of mpirun, "
+                  "launch.local --backend mpi or srun --mpi=pmix (CPU "
+                  "clusters; pip install 'tfscale[mpi]').", **SPEED)
+flags.DEFINE_enum("all_reduce_alg", "auto", ["auto", "ring", "nccl"],
+                  "Collective implementation.", **SPEED)
+flags.DEFINE_integer("bytes_per_pack", 0, "All-reduce pack size (0: one pack).",
+                     **SPEED)
+flags.DEFINE_float("collective_timeout", 300,
+                   "Seconds before a collective fails.", **SPEED)
+flags.DEFINE_float("connect_timeout", 120, "Seconds for all workers to join.",
+                   **SPEED)
+flags.DEFINE_integer("slurm_port_base", 8888, "Port of task 0 on each SLURM "
+                     "node.", **SPEED)
+
+RUN = _concern(5, "what to run, output")
+flags.DEFINE_bool("do_train", True,
+                  "Train. (Google's default is False; tfscale trains unless "
+                  "--do_train=False.)", **RUN)
+flags.DEFINE_bool("do_eval", False,
+                  "Evaluate at the end, on --eval_input_file or else on "
+                  "--input_file, and write eval_results.txt in --output_dir.",
+                  **RUN)
+flags.DEFINE_integer("eval_batch_size", 32, "Global evaluation batch.", **RUN)
+flags.DEFINE_integer("max_eval_steps", 100, "Evaluation batches at most.",
+                     **RUN)
+flags.DEFINE_string("output_dir", None, "Checkpoints, TensorBoard, export, "
+                    "eval_results.txt, summary.json.", **RUN)
+flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint interval.",
+                     **RUN)
+flags.DEFINE_integer("iterations_per_loop", 100,
+                     "Steps per host loop: the loss/throughput log interval.",
+                     **RUN)
+flags.DEFINE_string("profile_steps", None, "Profile steps 'first,last'.", **RUN)
+# BERT's variable groups (paths of models/bert.py's pretrainer).
+BERT_NOISE_SCALE_GROUPS = ("embeddings=_embeddings/|embedding_layer_norm,"
+                           "encoder=encoder/layer_,"
+                           "head=pooler|mlm_|nsp")
+define_noise_scale_flags(flags, BERT_NOISE_SCALE_GROUPS, **RUN)
+
+TPU = _concern(6, "Google's TPU flags (accepted; TPUs are not supported)")
+flags.DEFINE_bool("use_tpu", False, "Must be False.", **TPU)
+flags.DEFINE_string("tpu_name", None, "Ignored.", **TPU)
+flags.DEFINE_string("tpu_zone", None, "Ignored.", **TPU)
+flags.DEFINE_string("gcp_project", None, "Ignored.", **TPU)
+flags.DEFINE_string("master", None, "Ignored.", **TPU)
+flags.DEFINE_integer("num_tpu_cores", 8, "Ignored.", **TPU)
+
+NVIDIA = _concern(7, "NVIDIA DeepLearningExamples names")
+flags.DEFINE_bool("use_fp16", False, "Same as --precision=mixed_float16.",
+                  **NVIDIA)
+flags.DEFINE_enum("optimizer_type", None, ["lamb", "adam", "adamw", "sgd"],
+                  "Same as --optimizer (adam: AdamW, BERT's "
+                  "AdamWeightDecay).", **NVIDIA)
+flags.DEFINE_bool("amp", False, "NVIDIA TF1: same as --use_fp16.", **NVIDIA)
+flags.DEFINE_string("input_files_dir", None, "NVIDIA TF1: a directory of "
+                    "training records (read as DIR/*).", **NVIDIA)
+flags.DEFINE_string("eval_files_dir", None, "NVIDIA TF1: a directory of "
+                    "evaluation records (read as DIR/*).", **NVIDIA)
+flags.DEFINE_integer("num_train_epochs", None, "NVIDIA TF2: with "
+                     "--num_steps_per_epoch, sets --num_train_steps to "
+                     "their product.", **NVIDIA)
+flags.DEFINE_integer("num_steps_per_epoch", None, "NVIDIA TF2: see "
+                     "--num_train_epochs.", **NVIDIA)
+flags.DEFINE_bool("horovod", False, "NVIDIA TF1: Horovod's data parallelism "
+                  "over MPI; implies --backend=mpi unless --backend is given "
+                  "(start with mpirun, launch.local --backend mpi or srun "
+                  "--mpi=pmix).", **NVIDIA)
+flags.DEFINE_bool("use_horovod", False, "NVIDIA TF2: same as --horovod.",
+                  **NVIDIA)
+for _name, _meaning in (
+        ("allreduce_post_accumulation", "tfscale always all-reduces once, "
+         "after accumulation"),
+        ("manual_fp16", "tfscale's fp16 is Keras's mixed_float16 policy"),
+        ("report_loss", "the loss is logged every --iterations_per_loop")):
+    flags.DEFINE_bool(_name, False, f"NVIDIA: accepted; {_meaning}.",
+                      **NVIDIA)
+for _alias, _original in (("log_steps", "iterations_per_loop"),
+                          ("steps_per_loop", "iterations_per_loop"),
+                          ("enable_xla", "xla"), ("use_xla", "xla"),
+                          ("input_files", "input_file"),
+                          ("warmup_steps", "num_warmup_steps"),
+                          ("model_dir", "output_dir")):
+    flags.DEFINE_alias(_alias, _original, **NVIDIA)
+# `--help` lists every flag (ungrouped); `--helpfull` groups them.
+for _name in list(FLAGS):
+    if (FLAGS.find_module_defining_flag(_name) or "").startswith(
+            "run_pretraining ("):
+        flags.declare_key_flag(_name)
+
+# Config fields whose flag has another name (errors name the flag).
+FLAG_OF_FIELD = {"global_batch_size": "train_batch_size",
+                 "total_steps": "num_train_steps",
+                 "warmup_steps": "num_warmup_steps",
+                 "schedule": "lr_schedule", "scaling_rule": "lr_scaling",
+                 "log_steps": "iterations_per_loop", "jit_compile": "xla",
+                 "collective_timeout_seconds": "collective_timeout",
+                 "connect_timeout_seconds": "connect_timeout",
+                 "order": "input_order"}
+
+
+def fail(message: str):
+    """One line on stderr, non-zero exit."""
+    sys.exit(f"run_pretraining: error: {message}")
+
+
+def flag_message(message: str) -> str:
+    """A config's ValueError in flag names: "global_batch_size must be > 0"
+    -> "--train_batch_size must be > 0"."""
+    for field, flag in FLAG_OF_FIELD.items():
+        message = re.sub(rf"(?<![-\w]){field}\b", f"--{flag}", message)
+    first = message.split(" ", 1)[0]
+    if first in FLAGS:
+        message = "--" + message
+    return message
+
+
+def _directory_glob(directory):
+    """NVIDIA's --input_files_dir / --eval_files_dir: every file in it."""
+    return os.path.join(directory, "*") if directory else None
+
+
+def config_from_flags():
+    """FLAGS -> a frozen, validated `PretrainingConfig` (the only FLAGS
+    reader). Exits with one line naming the flag on a bad value."""
+    from input_pipelines.bert_records import BertRecordSpec
+    from input_pipelines.tfrecord import TFRecordConfig
+    from models import bert_config
+    from models.tasks.pretraining import PretrainingConfig
+    from tfscale.cluster import ClusterConfig
+    from tfscale.optim import OptimConfig
+    from tfscale.train_config import TrainConfig
+
+    input_file = FLAGS.input_file or _directory_glob(FLAGS.input_files_dir)
+    eval_input_file = (FLAGS.eval_input_file or
+                       _directory_glob(FLAGS.eval_files_dir))
+    if not input_file:
+        fail("--input_file is required")
+    if not FLAGS.output_dir:
+        fail("--output_dir is required")
+    if FLAGS.use_tpu:
+        fail("--use_tpu=True: TPUs are not supported; tfscale runs on GPUs and "
+             "CPUs (drop --use_tpu and the --tpu_* flags)")
+    precision_name = FLAGS.precision
+    if FLAGS.use_fp16 or FLAGS.amp:
+        if FLAGS.precision not in ("float32", "mixed_float16"):
+            fail(f"--use_fp16/--amp contradicts --precision={FLAGS.precision}")
+        precision_name = "mixed_float16"
+    backend = FLAGS.backend
+    if (FLAGS.horovod or FLAGS.use_horovod) and not FLAGS["backend"].present:
+        backend = "mpi"  # what NVIDIA's mpirun/horovodrun command lines mean
+    num_train_steps = FLAGS.num_train_steps
+    if FLAGS.num_train_epochs or FLAGS.num_steps_per_epoch:
+        if not (FLAGS.num_train_epochs and FLAGS.num_steps_per_epoch):
+            fail("--num_train_epochs and --num_steps_per_epoch go together")
+        num_train_steps = FLAGS.num_train_epochs * FLAGS.num_steps_per_epoch
+    optimizer_name = FLAGS.optimizer
+    if FLAGS.optimizer_type:
+        # NVIDIA's "adam" is BERT's AdamWeightDecay: decoupled decay, AdamW.
+        optimizer_name = {"adam": "adamw"}.get(FLAGS.optimizer_type,
+                                               FLAGS.optimizer_type)
+    if FLAGS.bert_config_file:
+        try:
+            model = bert_config.BertConfig.from_json_file(FLAGS.bert_config_file)
+        except ValueError as e:
+            fail(f"--bert_config_file: {e}")
+    else:
+        model = bert_config.preset(FLAGS.model, vocab_size=FLAGS.vocab_size)
+    profile = None
+    if FLAGS.profile_steps:
+        try:
+            first, last = (int(v) for v in FLAGS.profile_steps.split(","))
+            profile = (first, last)
+        except ValueError:
+            fail(f"--profile_steps must be 'first,last', got "
+                 f"{FLAGS.profile_steps!r}")
+    eval_records = None
+    if FLAGS.do_eval or eval_input_file:
+        # Google's script evaluates on --input_file when there is nothing else.
+        eval_records = TFRecordConfig(eval_input_file or input_file,
+                                      training=False)
+    try:
+        order, data_service = data_service_from_flags(
+            FLAGS, FLAGS.output_dir, FLAGS.connect_timeout)
+        return PretrainingConfig(
+            model=model,
+            model_name=FLAGS.bert_config_file or FLAGS.model,
+            spec=BertRecordSpec(FLAGS.max_seq_length,
+                                FLAGS.max_predictions_per_seq),
+            train_records=TFRecordConfig(
+                input_file, training=True,
+                shuffle_buffer_size=FLAGS.shuffle_buffer_size,
+                cycle_length=FLAGS.cycle_length,
+                deterministic=FLAGS.deterministic, seed=FLAGS.seed,
+                skip_corrupt=FLAGS.skip_corrupt_records,
+                order=order, service=data_service),
+            optim=OptimConfig(
+                optimizer=optimizer_name, learning_rate=FLAGS.learning_rate,
+                schedule=FLAGS.lr_schedule,
+                warmup_steps=FLAGS.num_warmup_steps,
+                total_steps=num_train_steps,
+                weight_decay=FLAGS.weight_decay, scaling_rule=FLAGS.lr_scaling,
+                reference_batch_size=FLAGS.reference_batch_size),
+            cluster=ClusterConfig(
+                backend=backend,
+                all_reduce_alg=FLAGS.all_reduce_alg,
+                bytes_per_pack=FLAGS.bytes_per_pack,
+                collective_timeout_seconds=FLAGS.collective_timeout,
+                connect_timeout_seconds=FLAGS.connect_timeout,
+                slurm_port_base=FLAGS.slurm_port_base),
+            train=TrainConfig(
+                global_batch_size=FLAGS.train_batch_size,
+                num_accumulation_steps=FLAGS.num_accumulation_steps,
+                jit_compile=FLAGS.xla,
+                clip_global_norm=FLAGS.clip_global_norm or None,
+                precision=precision_name,
+                checkpoint_dir=os.path.join(FLAGS.output_dir, "checkpoints"),
+                save_checkpoints_steps=FLAGS.save_checkpoints_steps,
+                log_steps=FLAGS.iterations_per_loop, verbose=2,
+                noise_scale=noise_scale_from_flags(FLAGS)),
+            output_dir=FLAGS.output_dir,
+            do_train=FLAGS.do_train,
+            eval_records=eval_records,
+            eval_batch_size=FLAGS.eval_batch_size,
+            max_eval_steps=FLAGS.max_eval_steps,
+            init_checkpoint=FLAGS.init_checkpoint,
+            profile_steps=profile,
+            seed=FLAGS.seed,
+            deterministic=FLAGS.deterministic)
+    except ValueError as e:
+        fail(flag_message(str(e)))
+
+
+def main(argv):
+    if len(argv) > 1:
+        fail(f"unexpected arguments {argv[1:]}")
+    quiet_tensorflow(FLAGS.verbosity)
+    config = config_from_flags()
+    from models.tasks.pretraining import train_and_evaluate
+    run_job("run_pretraining", train_and_evaluate, config)
+
+
+def run():
+    """The console script."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
