@@ -7,8 +7,9 @@ setup(
     version="0.1.0",
     description="Multi-worker training toolkit for TensorFlow 2 and Keras 3",
     python_requires=">=3.10,<3.13",
+    # The four packages only; benchmarks and tests run from the checkout.
     packages=find_packages(include=["tfscale*", "input_pipelines*", "models*",
-                                    "launch*", "benchmarks*"]),
+                                    "launch*"]),
     package_data={"launch": ["*.sbatch", "*.yaml"]},
     install_requires=[
         # The full package (CPU and GPU); never tensorflow-cpu beside it.
