@@ -1,0 +1,85 @@
+"""The README and docs/ say what exists: every relative link resolves (its
+file, and its #anchor in a markdown file), and every command-line flag the
+front page names (and every snake_case flag a docs page names: tfscale's
+style; other tools' flags are kebab-case) is defined somewhere in the
+project."""
+
+import pathlib
+import re
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PAGES = [REPO / "README.md", REPO / "benchmarks" / "README.md",
+         *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:[_-][a-z0-9]+)*)")
+
+
+def anchors(path: pathlib.Path) -> set:
+    """GitHub's heading anchors of a markdown file."""
+    found = set()
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            slug = re.sub(r"[^\w\- ]", "", title).replace(" ", "-")
+            found.add(slug)
+    return found
+
+
+def project_flags() -> set:
+    """Flags defined by absl (DEFINE_*, aliases) or argparse anywhere in the
+    project's packages."""
+    flags = set()
+    for folder in ("tfscale", "input_pipelines", "models", "launch",
+                   "benchmarks"):
+        for path in (REPO / folder).rglob("*.py"):
+            text = path.read_text()
+            flags |= set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", text))
+            flags |= set(re.findall(r"DEFINE_alias\(\s*\"(\w+)\"", text))
+            flags |= set(re.findall(r"add_argument\(\s*(?:\"-\w+\",\s*)?"
+                                    r"\"--([\w-]+)\"", text))
+            # Flags a loop defines from a table of names.
+            flags |= set(re.findall(r"\(\"(\w+)\",\s*\"", text))
+    # absl's own, and other tools' snake_case flags the pages name.
+    return flags | {"helpfull", "helpshort", "flagfile", "verbosity",
+                    "noprogress", "noverify", "nodo_train", "bind_all"}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(page):
+    broken = []
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"(https?|mailto):", target):
+            continue
+        file, _, anchor = target.partition("#")
+        path = (page.parent / file).resolve() if file else page
+        if not path.exists():
+            broken.append(target)
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            broken.append(target)
+    assert broken == []
+
+
+def test_every_flag_the_pages_name_exists():
+    known = project_flags()
+    missing = {}
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for flag in FLAG.findall(page.read_text()):
+            if page.name != "README.md" and "_" not in flag:
+                continue  # other tools' flags (mpirun, srun, pip, dask)
+            if flag not in known:
+                missing.setdefault(page.name, set()).add(flag)
+    assert missing == {}
+
+
+def test_the_checks_can_fail(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Title here\n[a](missing.md) [b](#title-here) "
+                    "[c](#nowhere)\n")
+    broken = [t for t in LINK.findall(page.read_text())
+              if not (page.parent / t.partition("#")[0]).exists()
+              or (t.startswith("#") and t[1:] not in anchors(page))]
+    assert broken == ["missing.md", "#nowhere"]
+    assert "no_such_flag" not in project_flags()
+    assert "num_workers" in project_flags()
