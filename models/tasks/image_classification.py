@@ -28,6 +28,7 @@ from input_pipelines import images, service, tfrecord
 from input_pipelines.images import ImageSpec
 from input_pipelines.tfrecord import TFRecordConfig
 from models import benchmark_models
+from models.tasks.records import check_records
 from tfscale import checkpointing, jobs
 from tfscale.cluster import ClusterConfig
 from tfscale.input_feed import InputPipelineError
@@ -117,17 +118,9 @@ def train_and_evaluate(config: ImageClassificationConfig) -> dict:
         ImageClassificationError: Bad records, files, checkpoint or cluster.
         Preempted: SIGTERM; the agreed step is saved (exit code 143).
     """
-    with jobs.blame("train_files", tfrecord.InputError):
-        train_files = tfrecord.expand_files(config.train_records.input_files)
-        if config.do_train:
-            tfrecord.check_index(config.train_records)
-    if config.do_train and config.train_records.service:
-        with jobs.blame("data_service", service.ServiceError):
-            service.check_reachable(config.train_records.service)
-    eval_files = None
-    if config.eval_records:
-        with jobs.blame("eval_files", tfrecord.InputError):
-            eval_files = tfrecord.expand_files(config.eval_records.input_files)
+    train_files, eval_files = check_records(
+        config.train_records, config.eval_records, do_train=config.do_train,
+        train_flag="train_files", eval_flag="eval_files")
     info, strategy = jobs.start_worker(
         config.cluster, output_dir=config.output_dir,
         precision=config.train.precision, seed=config.seed,

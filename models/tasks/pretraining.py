@@ -26,6 +26,7 @@ from input_pipelines.bert_records import BertRecordSpec, IdLimits
 from input_pipelines.tfrecord import TFRecordConfig
 from models import bert, bert_checkpoints, bert_export
 from models.bert_config import BertConfig
+from models.tasks.records import check_records
 from tfscale import checkpointing, jobs
 from tfscale.cluster import ClusterConfig
 from tfscale.input_feed import InputPipelineError
@@ -111,17 +112,9 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
         PretrainingError: Bad records, files, checkpoint or cluster setup.
         Preempted: SIGTERM; the agreed step is saved (exit code 143).
     """
-    with jobs.blame("input_file", tfrecord.InputError):
-        train_files = tfrecord.expand_files(config.train_records.input_files)
-        if config.do_train:
-            tfrecord.check_index(config.train_records)
-    if config.do_train and config.train_records.service:
-        with jobs.blame("data_service", service.ServiceError):
-            service.check_reachable(config.train_records.service)
-    eval_files = None
-    if config.eval_records:
-        with jobs.blame("eval_input_file", tfrecord.InputError):
-            eval_files = tfrecord.expand_files(config.eval_records.input_files)
+    train_files, eval_files = check_records(
+        config.train_records, config.eval_records, do_train=config.do_train,
+        train_flag="input_file", eval_flag="eval_input_file")
     info, strategy = jobs.start_worker(
         config.cluster, output_dir=config.output_dir,
         precision=config.train.precision, seed=config.seed,
