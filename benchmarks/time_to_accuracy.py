@@ -314,7 +314,8 @@ def analyse(task: Task, results: List[dict], plot_path: str) -> str:
     lines = [f"Target: {task.metric} {'>=' if task.higher_is_better else '<='}"
              f" {task.target}. Runs: {len(results)}.", ""]
     fits = {}
-    for optimizer in OPTIMIZERS:
+    for optimizer in [o for o in OPTIMIZERS
+                      if any(r["optimizer"] == o for r in results)]:
         best = best_per_batch(results, optimizer)
         if not best:
             lines.append(f"{optimizer}: no batch reached the target.")

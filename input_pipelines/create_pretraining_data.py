@@ -65,8 +65,9 @@ flags.DEFINE_integer("num_threads", None, "Deprecated: --num_processes.")
 flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
 engine.define_flags(flags)
 
-DOCUMENTS_PER_PROCESS = 2000  # a process imports TensorFlow: a few seconds
-FILES_PER_PROCESS = 4  # stage one: input files a process must have to pay
+# A writer process imports TensorFlow (a few seconds): it pays back from
+# about 2,000 documents, about 4 MB of text (the demo corpus's documents).
+CORPUS_BYTES_PER_PROCESS = 4 << 20
 
 
 def main(argv):
@@ -137,32 +138,36 @@ def main(argv):
     start = time.monotonic()
     leftovers = shard_writer.remove_leftovers(names)
     todo = [g for g in range(shards) if g not in kept]
+    # One set of processes for both stages: one per core, but no more than
+    # the corpus pays back (about DOCUMENTS_PER_PROCESS documents each).
+    processes = engine.processes_for(
+        engine_config.processes, len(todo),
+        sum(size for _, size, _ in stats) if todo else 0,
+        CORPUS_BYTES_PER_PROCESS)
     try:
-        # Stage one: every input file's documents into the shards' buckets.
-        parts = engine.run(
-            [buckets.SplitTask(name, i, shards, FLAGS.random_seed, workdir)
-             for i, name in enumerate(inputs)] if todo else [],
-            buckets.split_file, config=engine_config,
-            work=[1] * (len(inputs) if todo else 0),
-            work_per_process=FILES_PER_PROCESS,
-            describe=lambda t: os.path.basename(t.path), unit="input file",
-            show_progress=FLAGS.progress)
-        per_bucket = [sum(p["documents"][g] for p in parts)
-                      for g in range(shards)]
-        if todo and sum(per_bucket) < shards:
-            sys.exit(f"create_pretraining_data: error: --num_output_shards="
-                     f"{shards} is more than the {sum(per_bucket)} documents "
-                     "of --input_file")
-        # Stage two: one bucket -> one output shard.
-        results = engine.run(
-            [bi.ShardTask(names[g], workdir, len(inputs), g, FLAGS.vocab_file,
-                          FLAGS.do_lower_case, config, ids,
-                          f"{FLAGS.random_seed}/{g}", spec) for g in todo],
-            bi.write_instance_shard, config=engine_config,
-            work=[per_bucket[g] * FLAGS.dupe_factor for g in todo],
-            work_per_process=DOCUMENTS_PER_PROCESS * FLAGS.dupe_factor,
-            describe=lambda t: os.path.basename(t.name), unit="document",
-            show_progress=FLAGS.progress)
+        with engine.Session(engine_config, processes) as session:
+            # Stage one: every input file's documents into the shards' buckets.
+            parts = session.run(
+                [buckets.SplitTask(name, i, shards, FLAGS.random_seed, workdir)
+                 for i, name in enumerate(inputs)] if todo else [],
+                buckets.split_file, work=[1] * (len(inputs) if todo else 0),
+                describe=lambda t: os.path.basename(t.path), unit="input file",
+                show_progress=FLAGS.progress)
+            per_bucket = [sum(p["documents"][g] for p in parts)
+                          for g in range(shards)]
+            if todo and sum(per_bucket) < shards:
+                sys.exit(f"create_pretraining_data: error: --num_output_shards="
+                         f"{shards} is more than the {sum(per_bucket)} documents "
+                         "of --input_file")
+            # Stage two: one bucket -> one output shard.
+            results = session.run(
+                [bi.ShardTask(names[g], workdir, len(inputs), g, FLAGS.vocab_file,
+                              FLAGS.do_lower_case, config, ids,
+                              f"{FLAGS.random_seed}/{g}", spec) for g in todo],
+                bi.write_instance_shard,
+                work=[per_bucket[g] * FLAGS.dupe_factor for g in todo],
+                describe=lambda t: os.path.basename(t.name), unit="document",
+                show_progress=FLAGS.progress)
     except (OSError, ValueError, engine.TaskError) as e:
         sys.exit(f"create_pretraining_data: error: {e}")
     leftovers += shard_writer.remove_leftovers(names)

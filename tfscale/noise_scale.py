@@ -140,8 +140,10 @@ def squared_norms(grads, groups: Groups, preconditioners=None) -> tf.Tensor:
         grad = tf.cast(grad, tf.float32)
         if preconditioners is not None:
             grad = grad * preconditioners[i]
-        sums[group].append(tf.reduce_sum(tf.square(grad)))
-    return tf.stack([tf.add_n(s) if s else tf.constant(0.0) for s in sums])
+        # l2_loss is sum(g^2) / 2 in one kernel (square + sum are two).
+        sums[group].append(tf.nn.l2_loss(grad))
+    return 2.0 * tf.stack([tf.add_n(s) if s else tf.constant(0.0)
+                           for s in sums])
 
 
 class Preconditioner:

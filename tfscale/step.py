@@ -254,7 +254,11 @@ class TrainStep:
                               else (None, tf.constant(1.0)))
             big = noise_lib.squared_norms(grads, self.noise_groups, factors)
             control = tf.concat([control, big, [ready]], axis=0)
-        norm = tf.linalg.global_norm(grads)
+        if self.measures_noise and self._preconditioner is None:
+            # The same sums give the global norm (clipping): no second pass.
+            norm = tf.sqrt(tf.reduce_sum(big))
+        else:
+            norm = tf.linalg.global_norm(grads)
         if self._config.clip_global_norm:
             # After the all-reduce: clipping per-replica partial gradients
             # (what Keras's global_clipnorm does, fact 8) is not the same.

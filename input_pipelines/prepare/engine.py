@@ -88,7 +88,8 @@ def run(tasks: Sequence, fn: Callable, *, config: EngineConfig,
         work: Sequence[int], work_per_process: int, describe: Callable,
         unit: str = "record", initial: int = 0,
         show_progress: bool = False) -> List:
-    """`[fn(task, progress) for task in tasks]` where `config` says.
+    """`[fn(task, progress) for task in tasks]` where `config` says (one
+    `Session` for these tasks).
 
     Args:
         tasks: Picklable tasks.
@@ -110,36 +111,71 @@ def run(tasks: Sequence, fn: Callable, *, config: EngineConfig,
         The task's own error (its type kept) with the worker named, or
         `TaskError` when its type cannot carry the message.
     """
-    with tqdm.tqdm(total=initial + sum(work), initial=initial, unit=unit,
-                   desc=unit + "s", disable=None if show_progress else True,
-                   smoothing=0.1, file=sys.stderr, dynamic_ncols=True) as bar:
-        processes = processes_for(config.processes, len(tasks), sum(work),
-                                  work_per_process)
-        if not tasks:
-            return []
-        if not config.remote and processes <= 1:
-            return [fn(task, bar.update) for task in tasks]
-        return _run_on_dask(tasks, fn, config, processes, work, describe,
-                            bar)
+    processes = processes_for(config.processes, len(tasks), sum(work),
+                              work_per_process)
+    with Session(config, processes) as session:
+        return session.run(tasks, fn, work=work, describe=describe,
+                           unit=unit, initial=initial,
+                           show_progress=show_progress)
 
 
-def _run_on_dask(tasks, fn, config, processes, work, describe, bar) -> List:
+class Session:
+    """Where several stages of tasks run: one local cluster (or client of
+    a remote scheduler) for all of them, so its processes start once.
+
+    Args:
+        config: Where tasks run.
+        processes: Local processes (without a scheduler; 1: here, no Dask).
+    """
+
+    def __init__(self, config: EngineConfig, processes: int):
+        self._config = config
+        self._processes = processes
+        self._context = None
+        self._client = None
+
+    def __enter__(self) -> "Session":
+        if self._config.remote or self._processes > 1:
+            self._context = _client(self._config, self._processes)
+            self._client = self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._context is not None:
+            self._context.__exit__(*exc)
+
+    def run(self, tasks: Sequence, fn: Callable, *, work: Sequence[int],
+            describe: Callable, unit: str = "record", initial: int = 0,
+            show_progress: bool = False) -> List:
+        """As `run` (module level), in this session."""
+        with tqdm.tqdm(total=initial + sum(work), initial=initial,
+                       unit=unit, desc=unit + "s",
+                       disable=None if show_progress else True,
+                       smoothing=0.1, file=sys.stderr,
+                       dynamic_ncols=True) as bar:
+            if not tasks:
+                return []
+            if self._client is None:
+                return [fn(task, bar.update) for task in tasks]
+            return _run_on_dask(self._client, tasks, fn, work, describe, bar)
+
+
+def _run_on_dask(client, tasks, fn, work, describe, bar) -> List:
     import distributed
-    with _client(config, processes) as client:
-        futures = [client.submit(_call, fn, task, describe(task),
-                                 key=f"tfscale-task-{i}-{describe(task)}",
-                                 pure=False)
-                   for i, task in enumerate(tasks)]
-        units = {f.key: w for f, w in zip(futures, work)}
-        try:
-            for future in distributed.as_completed(futures):
-                if future.status == "error":
-                    future.result()  # raises the task's error here
-                bar.update(units[future.key])
-            return [f.result() for f in futures]
-        except BaseException:
-            client.cancel(futures)
-            raise
+    futures = [client.submit(_call, fn, task, describe(task),
+                             key=f"tfscale-task-{i}-{describe(task)}",
+                             pure=False)
+               for i, task in enumerate(tasks)]
+    units = {f.key: w for f, w in zip(futures, work)}
+    try:
+        for future in distributed.as_completed(futures):
+            if future.status == "error":
+                future.result()  # raises the task's error here
+            bar.update(units[future.key])
+        return [f.result() for f in futures]
+    except BaseException:
+        client.cancel(futures)
+        raise
 
 
 def _client(config: EngineConfig, processes: int):
