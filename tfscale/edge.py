@@ -97,6 +97,19 @@ def run_job(program: str, job: Callable, config) -> None:
     leave(0)
 
 
+def main(program: str, argv, verbosity: int, make_config: Callable,
+         load_job: Callable) -> None:
+    """An entry point's absl `main`: refuses stray arguments, quiets
+    TensorFlow (before anything imports it), builds the config from the
+    flags (`make_config()`, which exits with one line on a bad value), then
+    runs the job (`load_job()` imports it) as `run_job` does."""
+    if len(argv) > 1:
+        sys.exit(f"{program}: error: unexpected arguments {argv[1:]}")
+    quiet_tensorflow(verbosity)
+    config = make_config()
+    run_job(program, load_job(), config)
+
+
 def raise_open_file_limit() -> int:
     """Raises this process's soft limit on open files to its hard limit and
     returns the new soft limit.

@@ -24,8 +24,8 @@ from absl import app, flags
 
 from models.tasks.flags import (data_service_from_flags,
                                 define_data_service_flags)
-from tfscale.edge import (define_noise_scale_flags, noise_scale_from_flags,
-                          quiet_tensorflow, run_job)
+from tfscale import edge
+from tfscale.edge import define_noise_scale_flags, noise_scale_from_flags
 
 FLAGS = flags.FLAGS
 
@@ -195,12 +195,13 @@ def flag_message(message: str) -> str:
 
 
 def main(argv):
-    if len(argv) > 1:
-        fail(f"unexpected arguments {argv[1:]}")
-    quiet_tensorflow(FLAGS.verbosity)
-    config = config_from_flags()
+    edge.main("train_image_classifier", argv, FLAGS.verbosity, config_from_flags,
+              _job)
+
+
+def _job():
     from models.tasks.image_classification import train_and_evaluate
-    run_job("train_image_classifier", train_and_evaluate, config)
+    return train_and_evaluate
 
 
 def run():
