@@ -17,7 +17,7 @@ S = S_min (1 + B_crit / B) gives S_min, E_min = S_min B_crit and B_crit
 (McCandlish et al. 2018), against the B_simple the Trainer measured in the
 same runs (at the moment each reached the target).
 
-Results go to `benchmarks/results/time_to_accuracy_<task>.jsonl` (one line
+Results go to `benchmarks/results/time_to_accuracy_<study>.jsonl` (one line
 per run; a rerun skips the runs already there), the plot and the markdown
 table next to it. Data: Fashion-MNIST from Debian's `dataset-fashion-mnist`
 (60,000 training and 10,000 test images, IDX files); BERT-tiny masked-LM on
@@ -30,6 +30,7 @@ import gzip
 import json
 import math
 import os
+import tempfile
 import time
 from typing import Callable, List, Optional
 
@@ -39,9 +40,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tfscale import jobs  # noqa: E402
+from tfscale.cluster import ClusterConfig  # noqa: E402
 from tfscale.noise_scale import NoiseScaleConfig  # noqa: E402
-from tfscale.optim import OptimConfig, make_optimizer  # noqa: E402
-from tfscale.trainer import TrainConfig, Trainer  # noqa: E402
+from tfscale.optim import OptimConfig  # noqa: E402
+from tfscale.train_config import TrainConfig  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
@@ -53,7 +56,7 @@ GIVE_UP = 3  # a run stops at this many times its batch's best examples
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class Study:
     """What one study trains and when a run is done.
 
     Attributes:
@@ -99,7 +102,7 @@ def read_idx(path: str) -> np.ndarray:
     return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
-def fashion_task(directory: str, target: float) -> Task:
+def fashion_task(directory: str, target: float) -> Study:
     def load(prefix):
         images = read_idx(os.path.join(directory,
                                        f"{prefix}-images-idx3-ubyte.gz"))
@@ -130,7 +133,7 @@ def fashion_task(directory: str, target: float) -> Task:
         predicted = tf.argmax(logits, axis=1).numpy()
         return float(np.mean(predicted == test_y))
 
-    return Task(
+    return Study(
         name="fashion_mnist", batches=(16, 64, 256, 1024, 4096),
         reference_batch=256,
         base_rates={"sgd": 0.05, "adamw": 1e-3, "lamb": 4e-3},
@@ -144,7 +147,7 @@ def fashion_task(directory: str, target: float) -> Task:
 # ---- BERT-tiny masked LM -----------------------------------------------------------
 
 
-def bert_task(records: str, bert_config: str, target: float) -> Task:
+def bert_task(records: str, bert_config: str, target: float) -> Study:
     from input_pipelines import bert_records, tfrecord
     from models import bert
     from models.bert_config import BertConfig
@@ -177,7 +180,7 @@ def bert_task(records: str, bert_config: str, target: float) -> Task:
             metric.update_state(labels, outputs)
         return float(metric.result())
 
-    return Task(
+    return Study(
         name="bert_tiny", batches=(16, 64, 256, 1024),
         reference_batch=64,
         base_rates={"sgd": 0.1, "adamw": 2e-3, "lamb": 4e-3},
@@ -204,10 +207,10 @@ class UntilTarget(keras.callbacks.Callback):
     """Evaluates at `evaluation_steps` and stops at the target (or on a
     non-finite loss); keeps the measured noise scale when it is reached."""
 
-    def __init__(self, task: Task, trainer_ref: list, limit: int):
+    def __init__(self, study: Study, trainer, limit: int):
         super().__init__()
-        self.task, self.trainer_ref = task, trainer_ref
-        self.due = set(evaluation_steps(limit, task.evaluation_growth))
+        self.study, self.trainer = study, trainer
+        self.due = set(evaluation_steps(limit, study.evaluation_growth))
         self.step = 0
         self.reached_at = None
         self.b_simple = None
@@ -220,58 +223,75 @@ class UntilTarget(keras.callbacks.Callback):
             return
         if self.step not in self.due:
             return
-        value = self.task.evaluate(self.model)
+        value = self.study.evaluate(self.model)
         self.last_value = value
-        better = (value >= self.task.target if self.task.higher_is_better
-                  else value <= self.task.target)
+        better = (value >= self.study.target if self.study.higher_is_better
+                  else value <= self.study.target)
         if better:
             self.reached_at = self.step
-            estimate = self.trainer_ref[0].noise_scale.estimate()
-            self.b_simple = estimate.b_simple
+            self.b_simple = self.trainer.noise_scale.estimate().b_simple
             self.model.stop_training = True
 
 
-def run_one(task: Task, strategy, optimizer: str, batch: int, rate: float,
+class StudyRun(jobs.Task):
+    """One run of a study through the job skeleton: the study's model and
+    data, stopped by `UntilTarget`."""
+
+    def __init__(self, config: jobs.JobConfig, study: Study, limit: int):
+        super().__init__(config)
+        self.study, self.limit = study, limit
+        self.until = None
+
+    def build(self) -> jobs.Built:
+        return jobs.Built(self.study.build_model(), self.study.loss_fn)
+
+    def dataset_fn(self, per_replica_batch, training):
+        return self.study.dataset_fn(per_replica_batch, self.config.seed)
+
+    def callbacks(self, trainer):
+        self.until = UntilTarget(self.study, trainer, self.limit)
+        return [self.until]
+
+
+def run_one(study: Study, optimizer: str, batch: int, rate: float,
             seed: int, budget: Optional[int] = None) -> dict:
     """One run to the target; it gives up after `budget` examples (default:
-    the task's cap) or MAX_STEPS steps."""
-    keras.utils.set_random_seed(seed)
-    examples = min(task.cap_examples, budget or task.cap_examples)
+    the study's cap) or MAX_STEPS steps."""
+    examples = min(study.cap_examples, budget or study.cap_examples)
     cap_steps = max(1, min(examples // batch, MAX_STEPS))
-    warmup = min(cap_steps, max(1, task.warmup_examples // batch))
-    with strategy.scope():
-        model = task.build_model()
-        optim = make_optimizer(
-            OptimConfig(optimizer=optimizer, learning_rate=rate,
-                        schedule="constant", warmup_steps=warmup,
-                        total_steps=cap_steps,
-                        weight_decay=1e-4 if optimizer != "lamb" else 0.01),
-            batch, model.trainable_variables)
-    trainer = Trainer(
-        model=model, optimizer=optim, loss_fn=task.loss_fn,
-        strategy=strategy,
-        config=TrainConfig(global_batch_size=batch, num_accumulation_steps=2,
-                           log_steps=10**9, verbose=0, timed_steps_per_log=0,
-                           noise_scale=NoiseScaleConfig(decay=0.99)))
-    callback = UntilTarget(task, [trainer], cap_steps)
-    start = time.perf_counter()
-    trainer.fit(task.dataset_fn(trainer.per_replica_batch_size, seed),
-                steps_per_epoch=cap_steps, epochs=1, callbacks=[callback])
-    steps = callback.reached_at
+    warmup = min(cap_steps, max(1, study.warmup_examples // batch))
+    with tempfile.TemporaryDirectory(prefix="tta-") as output_dir:
+        run = StudyRun(jobs.JobConfig(
+            optim=OptimConfig(
+                optimizer=optimizer, learning_rate=rate, schedule="constant",
+                warmup_steps=warmup, total_steps=cap_steps,
+                weight_decay=1e-4 if optimizer != "lamb" else 0.01),
+            cluster=ClusterConfig(),
+            train=TrainConfig(
+                global_batch_size=batch, num_accumulation_steps=2,
+                log_steps=10**9, verbose=0, timed_steps_per_log=0,
+                checkpoint_dir=os.path.join(output_dir, "checkpoints"),
+                save_checkpoints_steps=10**9,
+                noise_scale=NoiseScaleConfig(decay=0.99)),
+            output_dir=output_dir, seed=seed), study, cap_steps)
+        start = time.perf_counter()
+        jobs.run(run)
+    until = run.until
+    steps = until.reached_at
     return {"optimizer": optimizer, "batch": batch, "rate": rate,
             "seed": seed, "reached": steps is not None, "steps": steps,
             "examples": steps * batch if steps else None,
-            "b_simple": callback.b_simple, "last_value": callback.last_value,
-            "steps_run": callback.step, "seconds": time.perf_counter() - start}
+            "b_simple": until.b_simple, "last_value": until.last_value,
+            "steps_run": until.step, "seconds": time.perf_counter() - start}
 
 
 # ---- the sweep and its analysis -------------------------------------------------
 
 
-def rates_for(task: Task, optimizer: str, batch: int) -> List[float]:
+def rates_for(study: Study, optimizer: str, batch: int) -> List[float]:
     """3 rates around the middle of the linear and sqrt rules (k^0.75)."""
-    k = batch / task.reference_batch
-    centre = task.base_rates[optimizer] * k ** 0.75
+    k = batch / study.reference_batch
+    centre = study.base_rates[optimizer] * k ** 0.75
     return [float(f"{centre * f:.3g}") for f in RATE_STEPS]
 
 
@@ -309,10 +329,10 @@ def fit_curve(batches, steps) -> Optional[tuple]:
     return float(s_min), float(slope / s_min)
 
 
-def analyse(task: Task, results: List[dict], plot_path: str) -> str:
+def analyse(study: Study, results: List[dict], plot_path: str) -> str:
     """The markdown section: per-optimizer table, fit, B_simple ratio."""
-    lines = [f"Target: {task.metric} {'>=' if task.higher_is_better else '<='}"
-             f" {task.target}. Runs: {len(results)}.", ""]
+    lines = [f"Target: {study.metric} {'>=' if study.higher_is_better else '<='}"
+             f" {study.target}. Runs: {len(results)}.", ""]
     fits = {}
     for optimizer in [o for o in OPTIMIZERS
                       if any(r["optimizer"] == o for r in results)]:
@@ -323,14 +343,14 @@ def analyse(task: Task, results: List[dict], plot_path: str) -> str:
         batches = sorted(best)
         fit = fit_curve(batches, [best[b]["steps"] for b in batches])
         fits[optimizer] = (best, fit)
-        reference = best.get(task.reference_batch)
+        reference = best.get(study.reference_batch)
         lines += [f"**{optimizer}**" + (
             f": S_min {fit[0]:.0f} steps, B_crit {fit[1]:.0f}, E_min "
             f"{fit[0] * fit[1]:,.0f} examples" if fit else ": no fit"), "",
                   "| batch | steps | examples | tuned lr | linear rule | "
                   "sqrt rule | B_simple at target | B_simple / B_crit |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for b in task.batches:
+        for b in study.batches:
             r = best.get(b)
             if r is None:
                 tried = [x for x in results if x["optimizer"] == optimizer
@@ -340,7 +360,7 @@ def analyse(task: Task, results: List[dict], plot_path: str) -> str:
                 continue
             linear = sqrt = ""
             if reference:
-                k = b / task.reference_batch
+                k = b / study.reference_batch
                 linear = f"{reference['rate'] * k:.3g}"
                 sqrt = f"{reference['rate'] * math.sqrt(k):.3g}"
             ratio = (f"{r['b_simple'] / fit[1]:.2f}"
@@ -358,11 +378,11 @@ def analyse(task: Task, results: List[dict], plot_path: str) -> str:
                              f"{r['rate']:.3g}): {r['steps']} steps (seed 1: "
                              f"{first['steps']}).")
         lines.append("")
-    _plot(task, fits, plot_path)
+    _plot(study, fits, plot_path)
     return "\n".join(lines)
 
 
-def _plot(task: Task, fits: dict, path: str) -> None:
+def _plot(study: Study, fits: dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -373,7 +393,7 @@ def _plot(task: Task, fits: dict, path: str) -> None:
         steps = [best[b]["steps"] for b in batches]
         ax.loglog(batches, steps, "o", color=color, label=optimizer)
         if fit:
-            grid = np.geomspace(min(task.batches), max(task.batches), 100)
+            grid = np.geomspace(min(study.batches), max(study.batches), 100)
             ax.loglog(grid, fit[0] * (1 + fit[1] / grid), "-", color=color,
                       alpha=0.6, label=f"{optimizer} fit, B_crit {fit[1]:.0f}")
             ax.axvline(fit[1], color=color, linestyle=":", alpha=0.6)
@@ -386,14 +406,14 @@ def _plot(task: Task, fits: dict, path: str) -> None:
                                  f"{np.median(measured):.0f}")
         # Perfect scaling through the smallest batch's point.
         first = batches[0]
-        ax.loglog([first, max(task.batches)],
+        ax.loglog([first, max(study.batches)],
                   [best[first]["steps"],
-                   best[first]["steps"] * first / max(task.batches)],
+                   best[first]["steps"] * first / max(study.batches)],
                   color=color, linestyle=(0, (1, 3)), alpha=0.4)
     ax.set_xlabel("global batch (examples)")
-    ax.set_ylabel(f"steps to {task.metric} "
-                  f"{'>=' if task.higher_is_better else '<='} {task.target}")
-    ax.set_title(f"{task.name}: steps to target vs batch (dotted: perfect "
+    ax.set_ylabel(f"steps to {study.metric} "
+                  f"{'>=' if study.higher_is_better else '<='} {study.target}")
+    ax.set_title(f"{study.name}: steps to target vs batch (dotted: perfect "
                  "scaling)", fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -413,22 +433,21 @@ def main():
                         help="default: 0.85 accuracy / 5.6 MLM loss")
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--batches", default=None,
-                        help="comma list (default: the task's)")
+                        help="comma list (default: the study's)")
     parser.add_argument("--analyse_only", action="store_true")
     args = parser.parse_args()
     if args.task == "fashion_mnist":
         if not os.path.isdir(args.fashion_dir):
             raise SystemExit(f"--fashion_dir: {args.fashion_dir} not found "
                              "(apt-get install dataset-fashion-mnist)")
-        task = fashion_task(args.fashion_dir, args.target or 0.85)
+        study = fashion_task(args.fashion_dir, args.target or 0.85)
     else:
-        task = bert_task(args.records, args.bert_config, args.target or 5.6)
+        study = bert_task(args.records, args.bert_config, args.target or 5.6)
     if args.batches:
-        task = dataclasses.replace(
-            task, batches=tuple(int(b) for b in args.batches.split(",")))
-    stem = os.path.join(RESULTS, f"time_to_accuracy_{task.name}")
+        study = dataclasses.replace(
+            study, batches=tuple(int(b) for b in args.batches.split(",")))
+    stem = os.path.join(RESULTS, f"time_to_accuracy_{study.name}")
     results = load_results(stem + ".jsonl")
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     optimizers = args.optimizers.split(",")
     if not args.analyse_only:
         def run(optimizer, batch, rate, seed):
@@ -440,7 +459,7 @@ def main():
             # best so far is not the tuned one: stop it there.
             best = best_per_batch(results, optimizer, seed).get(batch)
             budget = GIVE_UP * best["examples"] if best else None
-            result = run_one(task, strategy, optimizer, batch, rate, seed,
+            result = run_one(study, optimizer, batch, rate, seed,
                              budget)
             results.append(result)
             with open(stem + ".jsonl", "a") as f:
@@ -449,8 +468,8 @@ def main():
             return result
 
         for optimizer in optimizers:
-            for batch in task.batches:
-                low, middle, high = rates_for(task, optimizer, batch)
+            for batch in study.batches:
+                low, middle, high = rates_for(study, optimizer, batch)
                 runs = [run(optimizer, batch, rate, 1)
                         for rate in (middle, high, low)]
                 # The best rate at an edge of the grid: one more step
@@ -476,7 +495,7 @@ def main():
             if fit:
                 batch = min(best, key=lambda b: abs(math.log(b / fit[1])))
                 run(optimizer, batch, best[batch]["rate"], 2)
-    section = analyse(task, results, stem + ".png")
+    section = analyse(study, results, stem + ".png")
     with open(stem + ".md", "w") as f:
         f.write(section + "\n")
     print(section)

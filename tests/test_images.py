@@ -421,7 +421,9 @@ def test_resnet50_trains_on_two_workers_fed_by_a_data_service(records,
     assert "tfscale: step 20:" in after  # trained on, from the replacement
     assert "input 4 files, read by the tf.data service at localhost:" in output
     # Goyal et al.'s rule from the defaults: 0.1 at 256 -> 0.00625 at 16.
-    assert "lr 0.1 at batch 256 (linear scaling" in output
+    assert re.search(r"optimizer sgd, lr 0\.1 \(cosine, warmup \d+, scaling "
+                     r"linear from batch 256\)", output), output[-5000:]
+    assert "label smoothing 0.1" in output
     assert "workers 2 (tf_config), replicas 2, global batch 16" in output
     summary = json.loads((out / "summary.json").read_text())
     losses = [row["interval_loss"] for row in summary["intervals"]]

@@ -13,14 +13,19 @@ _EXPORTS = {
     "ClusterInfo": "tfscale.cluster",
     "resolve_cluster": "tfscale.cluster",
     "make_strategy": "tfscale.strategies",
+    "OptimConfig": "tfscale.optim",
     "enable_multi_worker_fit": "tfscale.keras_fit",
     "TrainConfig": "tfscale.train_config",
     "Trainer": "tfscale.trainer",
 }
+# Subpackages and modules reachable as attributes (`tfscale.jobs.run`).
+_MODULES = ("jobs", "optim", "horovod")
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
+    if name in _MODULES:
+        return importlib.import_module(f"tfscale.{name}")
     if name not in _EXPORTS:
         raise AttributeError(f"module 'tfscale' has no attribute {name!r}")
     return getattr(importlib.import_module(_EXPORTS[name]), name)

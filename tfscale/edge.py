@@ -6,6 +6,7 @@ before anything imports it.
 """
 
 import glob
+import importlib
 import logging
 import os
 import resource
@@ -97,17 +98,30 @@ def run_job(program: str, job: Callable, config) -> None:
     leave(0)
 
 
-def main(program: str, argv, verbosity: int, make_config: Callable,
-         load_job: Callable) -> None:
-    """An entry point's absl `main`: refuses stray arguments, quiets
-    TensorFlow (before anything imports it), builds the config from the
-    flags (`make_config()`, which exits with one line on a bad value), then
-    runs the job (`load_job()` imports it) as `run_job` does."""
-    if len(argv) > 1:
-        sys.exit(f"{program}: error: unexpected arguments {argv[1:]}")
-    quiet_tensorflow(verbosity)
-    config = make_config()
-    run_job(program, load_job(), config)
+def entry_point(program: str, make_config: Callable, job: str) -> Callable:
+    """A job's console script: `run()` parses the flags (absl), refuses
+    stray arguments, quiets TensorFlow (before anything imports it), builds
+    the config (`make_config()` exits with one line on a bad value),
+    imports `job` ("module:function", which loads TensorFlow) and runs it
+    as `run_job` does.
+
+        run = edge.entry_point("run_pretraining", config_from_flags,
+                               "models.tasks.pretraining:train_and_evaluate")
+    """
+    def main(argv):
+        from absl import logging as absl_logging
+        if len(argv) > 1:
+            sys.exit(f"{program}: error: unexpected arguments {argv[1:]}")
+        quiet_tensorflow(absl_logging.get_verbosity())  # --verbosity
+        config = make_config()
+        module, function = job.split(":")
+        run_job(program, getattr(importlib.import_module(module), function),
+                config)
+
+    def run():
+        from absl import app
+        app.run(main)
+    return run
 
 
 def raise_open_file_limit() -> int:

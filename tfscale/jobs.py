@@ -1,19 +1,31 @@
-"""The steps every training job takes on each worker, whatever it trains.
+"""One skeleton for every training job, whatever it trains.
 
-    info, strategy = start_worker(cluster_config, ...)   # before any TF op
-    ... build the model and optimizer under strategy.scope() ...
-    trainer = make_trainer(...)
-    intervals = fit(trainer, dataset_fn, steps, output_dir, log_steps)
-    results = run_results(trainer, info, ...); print(done_summary(...))
+    flags -> config -> cluster -> data -> model -> Trainer -> results -> leave
 
-`models/tasks/pretraining.py` (BERT) and `image_classification.py` (ResNet-50) are
-these steps around their own records and model. Errors the user can fix
-are `JobError`s: one line, naming the setting (which is also the flag).
+    class MyTask(jobs.Task):            # what is trained: model, data, loss
+        title = "my_job"
+        def build(self): return jobs.Built(model, loss_fn, metrics)
+        def dataset_fn(self, per_replica_batch, training): ...
+    results = jobs.run(MyTask(jobs.JobConfig(optim=..., cluster=...,
+                                             train=..., output_dir=...)))
+
+`run` does the rest on each worker: it joins the cluster (TF_CONFIG, SLURM
+or MPI) before TensorFlow's first op, builds the model and optimizer under
+the strategy, trains with the Trainer (resuming from the latest checkpoint),
+evaluates, and writes `summary.json`. The BERT job
+(`models/tasks/pretraining.py`), the image job
+(`models/tasks/image_classification.py`) and the time-to-accuracy study
+(`benchmarks/time_to_accuracy.py`) are `Task`s. An entry point turns its
+flags into the config and calls `tfscale.edge.main`, which turns a
+`JobError` into one line and a non-zero exit.
 """
 
 import contextlib
+import dataclasses
+import json
 import os
-from typing import Optional, Tuple
+import time
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
@@ -25,6 +37,7 @@ from tfscale import collectives
 from tfscale import noise_scale
 from tfscale import precision as precision_lib
 from tfscale.cluster import ClusterConfig
+from tfscale.optim import OptimConfig, make_optimizer
 from tfscale.timing import IntervalLog
 from tfscale.train_config import TrainConfig
 from tfscale.trainer import Trainer
@@ -42,19 +55,229 @@ class JobError(Exception):
         super().__init__(f"--{setting}: {message}" if setting else message)
 
 
-def check_job_config(*, output_dir: str, train: TrainConfig, do_train: bool,
-                     evaluates: bool) -> None:
-    """What every job config needs: somewhere to write and something to do.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """What every job needs besides its model and data (subclasses add
+    those: `PretrainingConfig`, `ImageClassificationConfig`).
+
+    Attributes:
+        optim: Optimizer and schedule; `total_steps` is the run's length.
+        cluster: Collective settings and timeouts.
+        train: The Trainer's settings; `checkpoint_dir` must be set.
+        output_dir: Checkpoints, TensorBoard, summary.json (and what the
+            task writes).
+        do_train: Train (else only evaluate the latest checkpoint).
+        eval_batch_size: Global evaluation batch.
+        max_eval_steps: Evaluation batches at most (None: all).
+        profile_steps: (first, last) steps to profile into TensorBoard.
+        seed: Seed of weights, dropout, shuffling and augmentation.
+        deterministic: Deterministic ops and input order.
 
     Raises:
-        ValueError: "<field> ..." (the entry points turn it into the flag).
+        ValueError: "<field> ..." (entry points turn the field into its
+            flag).
     """
-    if not output_dir:
-        raise ValueError("output_dir is required")
-    if not train.checkpoint_dir:
-        raise ValueError("train.checkpoint_dir is required")
-    if not (do_train or evaluates):
-        raise ValueError("do_train and do_eval are both False: nothing to do")
+
+    optim: OptimConfig
+    cluster: ClusterConfig
+    train: TrainConfig
+    output_dir: str
+    do_train: bool = True
+    eval_batch_size: int = 32
+    max_eval_steps: Optional[int] = None
+    profile_steps: Optional[Tuple[int, int]] = None
+    seed: int = 12345
+    deterministic: bool = False
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether the job evaluates at its end (subclasses with evaluation
+        data say so)."""
+        return False
+
+    def __post_init__(self):
+        if not self.output_dir:
+            raise ValueError("output_dir is required")
+        if not self.train.checkpoint_dir:
+            raise ValueError("train.checkpoint_dir is required")
+        if not (self.do_train or self.evaluates):
+            raise ValueError("do_train and do_eval are both False: nothing "
+                             "to do")
+        if self.optim.total_steps < 1:
+            raise ValueError(f"total_steps must be >= 1, got "
+                             f"{self.optim.total_steps}")
+        if self.eval_batch_size < 1:
+            raise ValueError("eval_batch_size must be >= 1")
+        if self.max_eval_steps is not None and self.max_eval_steps < 1:
+            raise ValueError("max_eval_steps must be >= 1")
+        if self.profile_steps and not (
+                1 <= self.profile_steps[0] <= self.profile_steps[1]):
+            raise ValueError(f"profile_steps must be 'first,last' with "
+                             f"1 <= first <= last, got {self.profile_steps}")
+
+
+class Built(NamedTuple):
+    """What `Task.build` returns (under the strategy's scope).
+
+    Attributes:
+        model: The Keras model.
+        loss_fn: `fn(labels, outputs) -> per-example loss`.
+        metrics: Keras metrics on (labels, outputs).
+        optimizer: None: made from the config's `optim` (the usual case).
+    """
+
+    model: keras.Model
+    loss_fn: Callable
+    metrics: Sequence = ()
+    optimizer: Optional[keras.optimizers.Optimizer] = None
+
+
+class Task:
+    """What a job trains; `run` calls these in order. Override `build` and
+    `dataset_fn`, and whichever others the job needs.
+
+    Attributes:
+        config: The job's `JobConfig` (a subclass carries the task's own
+            settings).
+        title: The program's name in the summary lines.
+        unit: What `examples_per_second` counts ("images").
+        eval_weights: What evaluating only (do_train False) restores from,
+            for its error line.
+    """
+
+    title = "tfscale job"
+    unit = "examples"
+    eval_weights = "a checkpoint in --output_dir"
+
+    def __init__(self, config: JobConfig):
+        self.config = config
+
+    def check_files(self) -> None:
+        """Before the cluster starts (no TensorFlow op yet): the inputs
+        exist. Raises `JobError`."""
+
+    def check_inputs(self) -> None:
+        """After the cluster starts, before the model: the first record
+        fits. Raises `JobError`."""
+
+    def build(self) -> Built:
+        """The model, loss and metrics (called under the strategy's
+        scope)."""
+        raise NotImplementedError
+
+    def dataset_fn(self, per_replica_batch: int, training: bool):
+        """`fn(tf.distribute.InputContext) -> tf.data.Dataset` of
+        (features, labels) batches of `per_replica_batch`: the training
+        data (endless) or the evaluation data."""
+        raise NotImplementedError
+
+    def reading(self, training: bool):
+        """A context around reading the data that turns the pipeline's
+        errors into a `JobError` naming the input."""
+        return contextlib.nullcontext()
+
+    def initial_weights(self, model) -> Optional[str]:
+        """Loads weights other than the latest checkpoint (BERT's
+        --init_checkpoint) and returns where from, or None."""
+        return None
+
+    def callbacks(self, trainer: Trainer) -> List[keras.callbacks.Callback]:
+        """Keras callbacks of this job, beside the interval log,
+        TerminateOnNaN and TensorBoard."""
+        return []
+
+    def describe(self, model) -> List[str]:
+        """Summary lines about the model and the data."""
+        return [f"model {model.name}: {millions_of_parameters(model):.2f}M "
+                "parameters"]
+
+    def finish(self, results: dict, model) -> None:
+        """On the chief, after training and evaluation: files of the task
+        (an export, Google's eval_results.txt); may add to `results`."""
+
+
+def millions_of_parameters(model) -> float:
+    return sum(int(v.numpy().size) for v in model.trainable_variables) / 1e6
+
+
+def run(task: Task) -> dict:
+    """Runs `task`'s whole job on this worker (every worker calls it).
+
+    Returns:
+        The results also written to `summary.json`: steps, wall time, log
+        intervals, checkpoint, noise scale, evaluation metrics.
+
+    Raises:
+        JobError: Bad inputs, files, checkpoint or cluster setup, in one
+            line naming the setting.
+        Preempted: SIGTERM; the agreed step is saved (exit code 143).
+    """
+    config = task.config
+    task.check_files()
+    info, strategy = start_worker(
+        config.cluster, output_dir=config.output_dir,
+        precision=config.train.precision, seed=config.seed,
+        deterministic=config.deterministic)
+    task.check_inputs()
+    with strategy.scope():
+        built = task.build()
+        optimizer = built.optimizer or make_optimizer(
+            config.optim, config.train.global_batch_size,
+            built.model.trainable_variables)
+    trainer = make_trainer(
+        model=built.model, optimizer=optimizer, loss_fn=built.loss_fn,
+        strategy=strategy, metrics=list(built.metrics),
+        cluster=config.cluster, train=config.train)
+    speaks = info.is_chief and config.train.verbose > 0
+    if speaks:
+        print(run_summary(task, info, trainer, built.model), flush=True)
+
+    start = time.perf_counter()
+    initial = _initial_weights(task, trainer, built.model)
+    if initial and speaks:
+        print(f"tfscale: model weights from {initial}", flush=True)
+    intervals = IntervalLog()
+    if config.do_train:
+        with task.reading(training=True):
+            intervals = fit(
+                trainer, task.dataset_fn(trainer.per_replica_batch_size, True),
+                config.optim.total_steps, config.output_dir,
+                config.profile_steps, task.callbacks(trainer))
+    results = run_results(trainer, info, config.cluster.backend,
+                          time.perf_counter() - start, intervals)
+    results["checkpoint"] = trainer.checkpoint_path or initial
+    if config.evaluates:
+        replicas = trainer.collectives.num_replicas
+        with task.reading(training=False):
+            results["eval"] = trainer.evaluate(
+                task.dataset_fn(max(1, config.eval_batch_size // replicas),
+                                False), steps=config.max_eval_steps)
+    if info.is_chief:
+        task.finish(results, built.model)
+        with open(os.path.join(config.output_dir, "summary.json"), "w") as f:
+            json.dump(results, f, indent=2)
+        if speaks:
+            print(done_summary(task.title, results, task.unit), flush=True)
+    # Exit together, once the chief's files are written.
+    trainer.leave_together()
+    return results
+
+
+def _initial_weights(task: Task, trainer: Trainer, model) -> Optional[str]:
+    """The task's initial weights; evaluating only, else the latest
+    checkpoint, whose step becomes the trainer's."""
+    initial = task.initial_weights(model)
+    if task.config.do_train:
+        return initial
+    if initial is None:
+        try:
+            initial = checkpointing.restore_model(
+                model, task.config.train.checkpoint_dir)
+        except checkpointing.RestoreError as e:
+            raise JobError("do_train", f"evaluating only needs "
+                           f"{task.eval_weights}: {e}") from None
+    trainer.step.assign(checkpointing.checkpoint_step(initial))
+    return initial
 
 
 @contextlib.contextmanager
@@ -115,9 +338,11 @@ def make_trainer(*, model, optimizer, loss_fn, strategy, metrics,
 
 
 def fit(trainer: Trainer, dataset_fn, steps: int, output_dir: str,
-        profile_steps: Optional[Tuple[int, int]] = None) -> IntervalLog:
+        profile_steps: Optional[Tuple[int, int]] = None,
+        callbacks: Sequence[keras.callbacks.Callback] = ()) -> IntervalLog:
     """Trains to `steps` (resuming from the latest checkpoint) with the
-    interval log, TerminateOnNaN and TensorBoard in `output_dir`.
+    interval log, TerminateOnNaN and TensorBoard in `output_dir`, then
+    `callbacks`.
 
     Raises:
         JobError: The checkpoint in output_dir does not fit (--output_dir).
@@ -128,7 +353,7 @@ def fit(trainer: Trainer, dataset_fn, steps: int, output_dir: str,
                  keras.callbacks.TensorBoard(
                      os.path.join(output_dir, "tensorboard"),
                      update_freq=trainer.config.log_steps,
-                     profile_batch=profile_steps or 0)]
+                     profile_batch=profile_steps or 0), *callbacks]
     try:
         trainer.fit(dataset_fn, steps_per_epoch=steps, epochs=1,
                     callbacks=callbacks)
@@ -151,6 +376,22 @@ def run_results(trainer: Trainer, info, backend: str, wall_seconds: float,
             "checkpoint": trainer.checkpoint_path,
             "noise_scale": (trainer.noise_scale.summary()
                             if trainer.noise_scale else None)}
+
+
+def run_summary(task: Task, info, trainer: Trainer, model) -> str:
+    """The lines the chief prints before training: workers, numerics, the
+    task's model and data, the optimizer."""
+    optim = task.config.optim
+    scaling = optim.scaling_rule
+    if scaling != "none" and optim.reference_batch_size:
+        scaling += f" from batch {optim.reference_batch_size}"
+    return "\n".join([
+        task.title, workers_line(info, trainer),
+        numerics_line(trainer.config, task.config.cluster),
+        *("  " + line for line in task.describe(model)),
+        f"  optimizer {optim.optimizer}, lr {optim.learning_rate:g} "
+        f"({optim.schedule}, warmup {optim.warmup_steps}, scaling "
+        f"{scaling}), {optim.total_steps} steps"])
 
 
 def workers_line(info, trainer: Trainer) -> str:

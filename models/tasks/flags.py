@@ -1,5 +1,7 @@
-"""Flags the job entry points share that reach beyond the engine (TensorFlow
-is not imported here: the entry points define flags before it loads)."""
+"""Flags the job entry points share, and the configs they make of them
+(TensorFlow is not imported here: the entry points define flags before it
+loads). Each `define_*` takes the entry point's `module_name` section as
+`kwargs`; each `*_from_flags` reads parsed flag values."""
 
 import os
 
@@ -43,3 +45,54 @@ def data_service_from_flags(flags_values, output_dir: str,
         job_name=service.job_name_for(output_dir),
         compression=flags_values.data_service_compression,
         connect_timeout_seconds=connect_timeout)
+
+
+def define_cluster_flags(flags, **kwargs) -> None:
+    """How the workers join and sum gradients."""
+    flags.DEFINE_enum(
+        "backend", "mwms", ["mwms", "mpi"],
+        "How workers sum gradients: mwms = MultiWorkerMirroredStrategy "
+        "(workers from TF_CONFIG or SLURM; NCCL on GPUs); mpi = "
+        "MPI.Allreduce between the ranks of mpirun, launch.local --backend "
+        "mpi or srun --mpi=pmix (CPU clusters; pip install 'tfscale[mpi]').",
+        **kwargs)
+    flags.DEFINE_enum("all_reduce_alg", "auto", ["auto", "ring", "nccl"],
+                      "Collective implementation.", **kwargs)
+    flags.DEFINE_integer("bytes_per_pack", 0, "All-reduce pack size (0: one "
+                         "pack).", **kwargs)
+    flags.DEFINE_float("collective_timeout", 300,
+                       "Seconds before a collective fails.", **kwargs)
+    flags.DEFINE_float("connect_timeout", 120,
+                       "Seconds for all workers to join.", **kwargs)
+    flags.DEFINE_integer("slurm_port_base", 8888, "Port of task 0 on each "
+                         "SLURM node.", **kwargs)
+
+
+def cluster_from_flags(values, backend: str):
+    """A `ClusterConfig` from `define_cluster_flags`' flags (`backend`: the
+    entry point's reading of --backend and its aliases)."""
+    from tfscale.cluster import ClusterConfig
+    return ClusterConfig(
+        backend=backend, all_reduce_alg=values.all_reduce_alg,
+        bytes_per_pack=values.bytes_per_pack,
+        collective_timeout_seconds=values.collective_timeout,
+        connect_timeout_seconds=values.connect_timeout,
+        slurm_port_base=values.slurm_port_base)
+
+
+def train_from_flags(values, *, precision: str, log_steps: int, **more):
+    """A `TrainConfig` from the flags both jobs name alike (batch,
+    accumulation, XLA, clipping, checkpoints in --output_dir, the noise
+    scale); `more`: fields of the entry point's own flags."""
+    from tfscale.edge import noise_scale_from_flags
+    from tfscale.train_config import TrainConfig
+    return TrainConfig(
+        global_batch_size=values.train_batch_size,
+        num_accumulation_steps=values.num_accumulation_steps,
+        jit_compile=values.xla,
+        clip_global_norm=values.clip_global_norm or None,
+        precision=precision,
+        checkpoint_dir=os.path.join(values.output_dir, "checkpoints"),
+        save_checkpoints_steps=values.save_checkpoints_steps,
+        log_steps=log_steps, verbose=2,
+        noise_scale=noise_scale_from_flags(values), **more)

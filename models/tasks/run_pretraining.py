@@ -19,12 +19,13 @@ import os
 import re
 import sys
 
-from absl import app, flags
+from absl import flags
 
-from models.tasks.flags import (data_service_from_flags,
-                                define_data_service_flags)
+from models.tasks.flags import (cluster_from_flags, data_service_from_flags,
+                                define_cluster_flags,
+                                define_data_service_flags, train_from_flags)
 from tfscale import edge
-from tfscale.edge import define_noise_scale_flags, noise_scale_from_flags
+from tfscale.edge import define_noise_scale_flags
 
 FLAGS = flags.FLAGS
 
@@ -103,22 +104,7 @@ flags.DEFINE_bool("xla", False, "XLA-compile the forward/backward pass.",
                   **SPEED)
 flags.DEFINE_bool("deterministic", False, "Deterministic ops and input order.",
                   **SPEED)
-flags.DEFINE_enum("backend", "mwms", ["mwms", "mpi"],
-                  "How workers sum gradients: mwms = MultiWorkerMirrored"
-                  "Strategy (workers from TF_CONFIG or SLURM; NCCL on GPUs); "
-                  "mpi = MPI.Allreduce between the ranks of mpirun, "
-                  "launch.local --backend mpi or srun --mpi=pmix (CPU "
-                  "clusters; pip install 'tfscale[mpi]').", **SPEED)
-flags.DEFINE_enum("all_reduce_alg", "auto", ["auto", "ring", "nccl"],
-                  "Collective implementation.", **SPEED)
-flags.DEFINE_integer("bytes_per_pack", 0, "All-reduce pack size (0: one pack).",
-                     **SPEED)
-flags.DEFINE_float("collective_timeout", 300,
-                   "Seconds before a collective fails.", **SPEED)
-flags.DEFINE_float("connect_timeout", 120, "Seconds for all workers to join.",
-                   **SPEED)
-flags.DEFINE_integer("slurm_port_base", 8888, "Port of task 0 on each SLURM "
-                     "node.", **SPEED)
+define_cluster_flags(flags, **SPEED)
 
 RUN = _concern(5, "what to run, output")
 flags.DEFINE_bool("do_train", True,
@@ -234,9 +220,7 @@ def config_from_flags():
     from input_pipelines.tfrecord import TFRecordConfig
     from models import bert_config
     from models.tasks.pretraining import PretrainingConfig
-    from tfscale.cluster import ClusterConfig
     from tfscale.optim import OptimConfig
-    from tfscale.train_config import TrainConfig
 
     input_file = FLAGS.input_file or _directory_glob(FLAGS.input_files_dir)
     eval_input_file = (FLAGS.eval_input_file or
@@ -308,23 +292,9 @@ def config_from_flags():
                 total_steps=num_train_steps,
                 weight_decay=FLAGS.weight_decay, scaling_rule=FLAGS.lr_scaling,
                 reference_batch_size=FLAGS.reference_batch_size),
-            cluster=ClusterConfig(
-                backend=backend,
-                all_reduce_alg=FLAGS.all_reduce_alg,
-                bytes_per_pack=FLAGS.bytes_per_pack,
-                collective_timeout_seconds=FLAGS.collective_timeout,
-                connect_timeout_seconds=FLAGS.connect_timeout,
-                slurm_port_base=FLAGS.slurm_port_base),
-            train=TrainConfig(
-                global_batch_size=FLAGS.train_batch_size,
-                num_accumulation_steps=FLAGS.num_accumulation_steps,
-                jit_compile=FLAGS.xla,
-                clip_global_norm=FLAGS.clip_global_norm or None,
-                precision=precision_name,
-                checkpoint_dir=os.path.join(FLAGS.output_dir, "checkpoints"),
-                save_checkpoints_steps=FLAGS.save_checkpoints_steps,
-                log_steps=FLAGS.iterations_per_loop, verbose=2,
-                noise_scale=noise_scale_from_flags(FLAGS)),
+            cluster=cluster_from_flags(FLAGS, backend),
+            train=train_from_flags(FLAGS, precision=precision_name,
+                                   log_steps=FLAGS.iterations_per_loop),
             output_dir=FLAGS.output_dir,
             do_train=FLAGS.do_train,
             eval_records=eval_records,
@@ -338,20 +308,9 @@ def config_from_flags():
         fail(flag_message(str(e)))
 
 
-def main(argv):
-    edge.main("run_pretraining", argv, FLAGS.verbosity, config_from_flags,
-              _job)
-
-
-def _job():
-    from models.tasks.pretraining import train_and_evaluate
-    return train_and_evaluate
-
-
-def run():
-    """The console script."""
-    app.run(main)
-
+# The console script (and the root run_pretraining.py).
+run = edge.entry_point("run_pretraining", config_from_flags,
+                       "models.tasks.pretraining:train_and_evaluate")
 
 if __name__ == "__main__":
     run()

@@ -17,15 +17,15 @@ This file is the edge: flags -> one frozen `ImageClassificationConfig` ->
 `image_classification.train_and_evaluate`.
 """
 
-import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
-from models.tasks.flags import (data_service_from_flags,
-                                define_data_service_flags)
+from models.tasks.flags import (cluster_from_flags, data_service_from_flags,
+                                define_cluster_flags,
+                                define_data_service_flags, train_from_flags)
 from tfscale import edge
-from tfscale.edge import define_noise_scale_flags, noise_scale_from_flags
+from tfscale.edge import define_noise_scale_flags
 
 FLAGS = flags.FLAGS
 
@@ -81,15 +81,7 @@ flags.DEFINE_enum("precision", "float32",
 flags.DEFINE_bool("xla", False, "XLA-compile the forward/backward pass.")
 flags.DEFINE_bool("deterministic", False, "Deterministic ops and input "
                   "order.")
-flags.DEFINE_enum("backend", "mwms", ["mwms", "mpi"], "How workers sum "
-                  "gradients (as in run_pretraining.py).")
-flags.DEFINE_enum("all_reduce_alg", "auto", ["auto", "ring", "nccl"],
-                  "Collective implementation.")
-flags.DEFINE_float("collective_timeout", 300, "Seconds before a collective "
-                   "fails.")
-flags.DEFINE_float("connect_timeout", 120, "Seconds for all workers to join.")
-flags.DEFINE_integer("slurm_port_base", 8888, "Port of task 0 on each "
-                     "SLURM node.")
+define_cluster_flags(flags)
 
 flags.DEFINE_string("output_dir", None, "Checkpoints, TensorBoard, "
                     "summary.json.")
@@ -117,9 +109,7 @@ def config_from_flags():
     from input_pipelines.images import ImageSpec
     from input_pipelines.tfrecord import TFRecordConfig
     from models.tasks.image_classification import NO_DECAY
-    from tfscale.cluster import ClusterConfig
     from tfscale.optim import OptimConfig
-    from tfscale.train_config import TrainConfig
 
     for name in ("train_files", "output_dir"):
         if not FLAGS[name].value and (name == "output_dir" or FLAGS.do_train):
@@ -151,22 +141,10 @@ def config_from_flags():
                 exclude_from_weight_decay=NO_DECAY,
                 scaling_rule=FLAGS.lr_scaling,
                 reference_batch_size=FLAGS.reference_batch_size),
-            cluster=ClusterConfig(
-                backend=FLAGS.backend, all_reduce_alg=FLAGS.all_reduce_alg,
-                collective_timeout_seconds=FLAGS.collective_timeout,
-                connect_timeout_seconds=FLAGS.connect_timeout,
-                slurm_port_base=FLAGS.slurm_port_base),
-            train=TrainConfig(
-                global_batch_size=FLAGS.train_batch_size,
-                num_accumulation_steps=FLAGS.num_accumulation_steps,
-                jit_compile=FLAGS.xla,
-                clip_global_norm=FLAGS.clip_global_norm or None,
-                precision=FLAGS.precision,
-                checkpoint_dir=os.path.join(FLAGS.output_dir, "checkpoints"),
-                save_checkpoints_steps=FLAGS.save_checkpoints_steps,
-                log_steps=FLAGS.log_steps,
-                timed_steps_per_log=FLAGS.timed_steps_per_log, verbose=2,
-                noise_scale=noise_scale_from_flags(FLAGS)),
+            cluster=cluster_from_flags(FLAGS, FLAGS.backend),
+            train=train_from_flags(
+                FLAGS, precision=FLAGS.precision, log_steps=FLAGS.log_steps,
+                timed_steps_per_log=FLAGS.timed_steps_per_log),
             output_dir=FLAGS.output_dir,
             label_smoothing=FLAGS.label_smoothing,
             do_train=FLAGS.do_train,
@@ -194,20 +172,9 @@ def flag_message(message: str) -> str:
     return f"--{flag} {rest}" if flag in FLAGS else message
 
 
-def main(argv):
-    edge.main("train_image_classifier", argv, FLAGS.verbosity, config_from_flags,
-              _job)
-
-
-def _job():
-    from models.tasks.image_classification import train_and_evaluate
-    return train_and_evaluate
-
-
-def run():
-    """The console script."""
-    app.run(main)
-
+# The console script (and the root train_image_classifier.py).
+run = edge.entry_point("train_image_classifier", config_from_flags,
+                       "models.tasks.image_classification:train_and_evaluate")
 
 if __name__ == "__main__":
     run()

@@ -1,0 +1,143 @@
+"""The job skeleton (`tfscale.jobs.run`) with a task of one's own, and the
+time-to-accuracy study's runs through it.
+
+The BERT and image jobs are the same skeleton; their runs are in
+test_bert_pretraining, test_pretraining, test_images and test_global_order.
+"""
+
+import dataclasses
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfscale import jobs
+from tfscale.cluster import ClusterConfig
+from tfscale.optim import OptimConfig
+from tfscale.train_config import TrainConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ToyConfig(jobs.JobConfig):
+    examples: int = 256
+
+    @property
+    def evaluates(self) -> bool:
+        return True
+
+
+class CountBatches(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+
+
+class Toy(jobs.Task):
+    """Softmax regression on a fixed linear problem: a user's own task."""
+
+    title = "toy_job"
+
+    def __init__(self, config):
+        super().__init__(config)
+        rng = np.random.default_rng(0)
+        self.x = rng.normal(size=(config.examples, 8)).astype(np.float32)
+        self.y = (self.x @ rng.normal(size=(8,)) > 0).astype(np.int64)
+        self.counter = CountBatches()
+
+    def build(self):
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)],
+                                 name="toy")
+        return jobs.Built(
+            model, keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction=None),
+            [keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
+
+    def dataset_fn(self, per_replica_batch, training):
+        def make(context):
+            ds = tf.data.Dataset.from_tensor_slices((self.x, self.y))
+            if training:
+                ds = ds.shuffle(len(self.y), seed=self.config.seed).repeat()
+            return ds.batch(per_replica_batch, drop_remainder=True)
+        return make
+
+    def callbacks(self, trainer):
+        return [self.counter]
+
+
+def toy_config(tmp_path, steps=4, **overrides):
+    out = str(tmp_path / "out")
+    values = dict(
+        optim=OptimConfig(optimizer="sgd", learning_rate=0.1,
+                          schedule="constant", total_steps=steps),
+        cluster=ClusterConfig(),
+        train=TrainConfig(global_batch_size=16, num_accumulation_steps=2,
+                          log_steps=2, save_checkpoints_steps=2,
+                          checkpoint_dir=os.path.join(out, "checkpoints")),
+        output_dir=out, eval_batch_size=32, max_eval_steps=4)
+    values.update(overrides)
+    return ToyConfig(**values)
+
+
+def test_a_task_of_ones_own_trains_resumes_and_evaluates(tmp_path, capsys):
+    toy = Toy(toy_config(tmp_path))
+    results = jobs.run(toy)
+    assert toy.counter.batches == 4  # the task's own callback ran
+    assert results["steps"] == 4 and len(results["intervals"]) == 2
+    assert results["checkpoint"].endswith("ckpt-4")
+    assert results["noise_scale"] is not None  # 2 micro-batches per step
+    assert 0 <= results["eval"]["accuracy"] <= 1
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["eval"] == results["eval"]
+    printed = capsys.readouterr().out
+    assert printed.startswith("toy_job\n  workers 1 (single), replicas 1, "
+                              "global batch 16 = 8 per replica x 1 x 2 "
+                              "accumulation"), printed
+    assert "  model toy: 0.00M parameters" in printed
+    assert "optimizer sgd, lr 0.1 (constant, warmup 0, scaling none), 4 " \
+        "steps" in printed
+    assert "toy_job done\n  steps 4" in printed
+
+    # Longer: resumes at step 4 and trains 2 more.
+    longer = Toy(toy_config(tmp_path, steps=6))
+    assert jobs.run(longer)["steps"] == 6 and longer.counter.batches == 2
+    # Evaluating only: the latest checkpoint's weights and step.
+    again = jobs.run(Toy(toy_config(tmp_path, steps=6, do_train=False)))
+    assert again["steps"] == 6 and again["checkpoint"].endswith("ckpt-6")
+
+
+def test_evaluating_only_without_a_checkpoint_names_the_flag(tmp_path):
+    with pytest.raises(jobs.JobError, match=r"^--do_train: evaluating only "
+                       r"needs a checkpoint in --output_dir: no checkpoint"):
+        jobs.run(Toy(toy_config(tmp_path, do_train=False)))
+
+
+def test_the_config_names_the_field_at_fault(tmp_path):
+    with pytest.raises(ValueError, match="total_steps must be >= 1"):
+        toy_config(tmp_path, steps=0)
+    with pytest.raises(ValueError, match="profile_steps must be"):
+        toy_config(tmp_path, profile_steps=(3, 2))
+    with pytest.raises(TypeError):  # keyword-only: no silent reordering
+        ToyConfig(OptimConfig(), ClusterConfig(), TrainConfig(), "out")
+
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.mark.skipif(not os.path.isdir(FASHION),
+                    reason="Debian's dataset-fashion-mnist is not installed")
+def test_the_study_runs_through_the_skeleton():
+    from benchmarks import time_to_accuracy
+    study = time_to_accuracy.fashion_task(FASHION, target=0.7)
+    result = time_to_accuracy.run_one(study, "sgd", 256, 0.05, seed=1)
+    # One seed, one run: the same steps and noise scale, to the bit.
+    assert result["reached"] and result["steps"] == result["steps_run"]
+    again = time_to_accuracy.run_one(study, "sgd", 256, 0.05, seed=1)
+    assert (again["steps"], again["b_simple"]) == (result["steps"],
+                                                   result["b_simple"])
+    assert result["b_simple"] > 0
