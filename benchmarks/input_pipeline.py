@@ -25,7 +25,7 @@ import time
 
 import tensorflow as tf
 
-from input_pipelines import bert_records, tfrecord
+from input_pipelines import bert_records, record_checks, tfrecord
 from input_pipelines.bert_records import BertRecordSpec
 
 SPEC = BertRecordSpec(128, 20)
@@ -88,7 +88,7 @@ def index_cost(files):
     scan = time.perf_counter() - start
     start = time.perf_counter()
     for name in files:
-        tfrecord.count_records(name)
+        record_checks.count_records(name)
     verify = time.perf_counter() - start
     size = sum(os.path.getsize(record_index.index_path(f)) for f in files)
     return scan, verify, size

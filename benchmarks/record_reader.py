@@ -19,7 +19,6 @@ Results go in benchmarks/README.md ("Reading records by number").
 
 import argparse
 import mmap
-import os
 import statistics
 import tempfile
 import time

@@ -148,11 +148,11 @@ def fashion_task(directory: str, target: float) -> Study:
 
 
 def bert_task(records: str, bert_config: str, target: float) -> Study:
-    from input_pipelines import bert_records, tfrecord
+    from input_pipelines import bert_records, record_files, tfrecord
     from models import bert
     from models.bert_config import BertConfig
 
-    files = tfrecord.expand_files(records)
+    files = record_files.expand_files(records)
     if len(files) < 2:
         raise SystemExit(f"--records: {records} must match >= 2 files (the "
                          "last is held out)")

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from input_pipelines import tfrecord
+from input_pipelines import dataset_fns, record_checks, tfrecord
 
 FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids",
                  "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
@@ -158,9 +158,9 @@ def check_first_record(files, spec: BertRecordSpec,
     a wrong length or vocabulary fails here, before training.
 
     Raises:
-        tfrecord.InputError: "FILE: record 0: <problem>".
+        record_files.InputError: "FILE: record 0: <problem>".
     """
-    tfrecord.check_first_record(
+    record_checks.check_first_record(
         files, lambda record: describe_record(record, spec, limits),
         compression_type)
 
@@ -168,8 +168,8 @@ def check_first_record(files, spec: BertRecordSpec,
 def find_bad_record(files, spec: BertRecordSpec,
                     limits: Optional[IdLimits] = None,
                     compression_type: Optional[str] = None) -> Optional[str]:
-    """`tfrecord.find_bad_record` with BERT's parse and its descriptions."""
-    return tfrecord.find_bad_record(
+    """`record_checks.find_bad_record` with BERT's parse and its descriptions."""
+    return record_checks.find_bad_record(
         files, make_parse_fn(spec, limits), compression_type,
         describe=lambda record: describe_record(record, spec, limits))
 
@@ -178,13 +178,13 @@ def make_dataset_fn(records: tfrecord.TFRecordConfig, spec: BertRecordSpec,
                     per_replica_batch_size: int,
                     limits: Optional[IdLimits] = None) -> Callable:
     """`fn(InputContext) -> dataset` of per-replica BERT batches
-    (`tfrecord.DatasetFn`; in the global order it can start anywhere)."""
+    (`dataset_fns.DatasetFn`; in the global order it can start anywhere)."""
     parse = make_parse_fn(spec, limits)
 
     def build(config, input_context, start_position):
         return tfrecord.make_dataset(config, per_replica_batch_size, parse,
                                      input_context, start_position)
-    return tfrecord.make_dataset_fn(records, build)
+    return dataset_fns.make_dataset_fn(records, build)
 
 
 def serialize_instance(input_ids, segment_ids, masked_lm_positions,

@@ -76,7 +76,7 @@ def main(argv):
     quiet_tensorflow(FLAGS.verbosity)
     from input_pipelines import shard_writer
     from input_pipelines.bert_records import BertRecordSpec
-    from input_pipelines.tfrecord import expand_files
+    from input_pipelines.record_files import expand_files
     for name in ("input_file", "output_file", "vocab_file"):
         if not getattr(FLAGS, name):
             sys.exit(f"create_pretraining_data: error: --{name} is required")

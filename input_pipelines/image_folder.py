@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from input_pipelines import images, shard_writer, tfrecord
+from input_pipelines import images, record_checks, shard_writer
 from input_pipelines.prepare import engine
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
@@ -199,7 +199,7 @@ def encode(path: str, jpeg_quality: int) -> Tuple[bytes, int, int]:
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
     except tf.errors.InvalidArgumentError as e:
         raise ImageFolderError(f"{path}: not a readable image "
-                               f"({tfrecord.op_message(e)})") from None
+                               f"({record_checks.op_message(e)})") from None
     jpeg = tf.io.encode_jpeg(image, quality=jpeg_quality).numpy()
     return jpeg, int(image.shape[0]), int(image.shape[1])
 
@@ -313,7 +313,6 @@ def build(config: WriterConfig, show_progress: bool = False) -> WriteResult:
     kept = plan.keep()
     todo = [tasks[i] for i in range(shards) if i not in kept]
     kept_images = sum(len(tasks[i].items) for i in kept)
-    total = sum(len(t.items) for t in todo)
     leftovers = shard_writer.remove_leftovers(names)
     written = sum(engine.run(
         todo, _write_shard, config=engine.EngineConfig(

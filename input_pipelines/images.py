@@ -33,7 +33,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from input_pipelines import tfrecord
+from input_pipelines import dataset_fns, record_checks, tfrecord
 
 OUTPUT_DTYPES = ("uint8", "float32", "bfloat16", "float16")
 BBOX_KEYS = ("ymin", "xmin", "ymax", "xmax")
@@ -284,11 +284,11 @@ def _report_skipped(stream: int) -> Callable:
 def make_dataset_fn(records: tfrecord.TFRecordConfig, spec: ImageSpec,
                     per_replica_batch_size: int) -> Callable:
     """`fn(InputContext) -> dataset` of per-replica image batches
-    (`tfrecord.DatasetFn`; in the global order it can start anywhere)."""
+    (`dataset_fns.DatasetFn`; in the global order it can start anywhere)."""
     def build(config, input_context, start_position):
         return make_dataset(config, spec, per_replica_batch_size,
                             input_context, start_position=start_position)
-    return tfrecord.make_dataset_fn(records, build)
+    return dataset_fns.make_dataset_fn(records, build)
 
 
 # ---- diagnosis ------------------------------------------------------------------
@@ -317,7 +317,7 @@ def describe_record(record: bytes, spec: ImageSpec) -> Optional[str]:
     try:
         tf.io.decode_jpeg(encoded, channels=3, ratio=8)
     except tf.errors.InvalidArgumentError as e:
-        return f"image/encoded is not a readable JPEG ({tfrecord.op_message(e)})"
+        return f"image/encoded is not a readable JPEG ({record_checks.op_message(e)})"
     return None
 
 
@@ -327,9 +327,9 @@ def check_first_record(files, spec: ImageSpec,
     another --num_classes, fail here, before training.
 
     Raises:
-        tfrecord.InputError: "FILE: record 0: <problem>".
+        record_files.InputError: "FILE: record 0: <problem>".
     """
-    tfrecord.check_first_record(
+    record_checks.check_first_record(
         files, lambda record: describe_record(record, spec), compression_type)
 
 
@@ -342,6 +342,6 @@ def find_bad_record(files, spec: ImageSpec,
         for record in batch.numpy():
             if describe_record(record, spec):
                 raise tf.errors.InvalidArgumentError(None, None, "bad record")
-    return tfrecord.find_bad_record(
+    return record_checks.find_bad_record(
         files, check_batch, compression_type,
         describe=lambda record: describe_record(record, spec))

@@ -38,9 +38,9 @@ def main(argv):
     quiet_tensorflow(FLAGS.verbosity)
     import os
 
-    from input_pipelines import tfrecord
+    from input_pipelines import record_files
     try:
-        files = tfrecord.expand_files(argv[1:])
+        files = record_files.expand_files(argv[1:])
         config = engine.EngineConfig(FLAGS.scheduler, FLAGS.scheduler_file,
                                      FLAGS.num_processes)
     except ValueError as e:

@@ -1,4 +1,9 @@
-"""The TFRecord pipeline builder, for any feature spec.
+"""The TFRecord pipeline builders, for any feature spec.
+
+The files themselves (patterns, sharding, reading by record number) are
+`record_files.py`; what the Trainer calls to build each worker's pipelines
+is `dataset_fns.py`; checking records and naming a bad one is
+`record_checks.py`.
 
     files -> shard per input pipeline -> shuffle files -> interleave
     -> [shard by record] -> [cache] -> shuffle blocks of records -> repeat
@@ -8,12 +13,11 @@
 Batch first, then parse the whole batch with one `tf.io.parse_example`: the
 fused map-and-batch of today, about 6x faster on 2 cores than parsing each
 example (DESIGN.md fact 5). `parse_example` is cheaper per record on bigger
-batches, so records are parsed in chunks of `parse_chunk_size` (2,048-4,096: +15-30%
-over parsing batches of 256 here) and the parsed tensors are then sliced into
-batches with `rebatch`. Nothing runs per record on the hot path: no
-per-record map, no file-name tagging (it cost 15-25% here). When a read or
-parse fails, `find_bad_record` scans the files on the host and names the file
-and the feature.
+batches, so records are parsed in chunks of `parse_chunk_size` (2,048-4,096)
+and the parsed tensors are then sliced into batches with `rebatch`. Nothing
+runs per record on the hot path: no per-record map, no file-name tagging.
+When a read or parse fails, `record_checks.find_bad_record` scans the files
+on the host and names the file and the feature.
 
 Defaults were measured on 2 cores (benchmarks/README.md): one sequential
 interleave over 2 files with blocks of 128 records keeps one core reading
@@ -50,19 +54,16 @@ Training reads records in one of two orders (`TFRecordConfig.order`):
 """
 
 import dataclasses
-import functools
-import os
-import re
-from typing import Callable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Mapping, Optional, Sequence, Union
 
 import tensorflow as tf
 from absl import logging
 
 from input_pipelines import service as service_lib
-from input_pipelines.record_order import identity as order_identity
-from input_pipelines.record_order import index as record_index
+from input_pipelines.record_files import (InputError, expand_files,
+                                          open_records, shard_files)
 from input_pipelines.record_order import partition
-from input_pipelines.record_order.reader import RecordReader, split_offsets
+from input_pipelines.record_order.reader import split_offsets
 
 AUTOTUNE = tf.data.AUTOTUNE
 ORDERS = ("global", "sharded")
@@ -71,10 +72,6 @@ ORDERS = ("global", "sharded")
 DEFAULT_ORDER_SEED = 0
 # Records per read in the image pipeline (JPEGs: ~100 KB each).
 EXAMPLE_READ_RECORDS = 64
-
-
-class InputError(ValueError):
-    """Input files are missing, empty or malformed; the message names them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,50 +146,6 @@ class TFRecordConfig:
         if self.compression_type not in (None, "", "GZIP", "ZLIB"):
             raise ValueError("compression_type must be None, 'GZIP' or "
                              f"'ZLIB', got {self.compression_type!r}")
-
-
-def expand_files(input_files: Union[str, Sequence[str]]) -> list:
-    """Globs and comma lists -> sorted unique file names.
-
-    Raises:
-        InputError: A pattern matches no file or a directory (naming it), or
-            no pattern was given.
-    """
-    if isinstance(input_files, str):
-        input_files = [input_files]
-    patterns = [p.strip() for item in input_files for p in item.split(",")
-                if p.strip()]
-    if not patterns:
-        raise InputError("no input files given")
-    files = []
-    for pattern in patterns:
-        matched = tf.io.gfile.glob(pattern)
-        if not matched:
-            raise InputError(f"no files match input pattern {pattern!r}")
-        # Hidden names are never records: the record indexes
-        # (.tfscale-index/) and half-written shards live there.
-        matched = [name for name in matched
-                   if not os.path.basename(name.rstrip("/")).startswith(".")]
-        if not matched:
-            raise InputError(f"no files match input pattern {pattern!r}")
-        for name in matched:
-            if tf.io.gfile.isdir(name):
-                raise InputError(
-                    f"{name} is a directory, not a record file; name the "
-                    f"files, e.g. '{name.rstrip('/')}/*.tfrecord'")
-        files.extend(matched)
-    return sorted(set(files))
-
-
-def shard_files(files: Sequence[str], num_pipelines: int, pipeline_id: int):
-    """(this pipeline's files, by_file) for one of `num_pipelines` pipelines.
-
-    By file (every pipeline a disjoint subset) when files >= pipelines; else
-    all files, to be sharded by record.
-    """
-    if len(files) >= num_pipelines:
-        return list(files[pipeline_id::num_pipelines]), True
-    return list(files), False
 
 
 def make_parse_fn(feature_spec: Mapping[str, tf.io.FixedLenFeature],
@@ -320,84 +273,6 @@ def make_example_dataset(config: TFRecordConfig, batch_size: int,
         deterministic, config.threadpool_size, config.autotune_ram_budget))
 
 
-class DatasetFn:
-    """`fn(InputContext) -> tf.data.Dataset` of per-replica batches.
-
-    Args:
-        build: `fn(input_context, start_position) -> tf.data.Dataset`.
-        start_position: Where the pipelines start (global order).
-    """
-
-    def __init__(self, build: Callable, start_position: int = 0):
-        self._build = build
-        self.start_position = int(start_position)
-
-    def __call__(self, input_context=None) -> tf.data.Dataset:
-        return self._build(input_context, self.start_position)
-
-
-class PositionedDatasetFn(DatasetFn):
-    """A `DatasetFn` in the global order, with `at(position)`: the same
-    pipelines from a global record position on. The Trainer calls it with
-    the position its checkpoint holds, so a resumed run, on any worker
-    count, continues the uninterrupted run's order (`tfscale.trainer`).
-
-    `order()` names what a position means (the record set and the seed,
-    `record_order/identity.py`); the Trainer keeps it in the checkpoint and
-    asks `reorder` where to start when a resumed run's records or seed
-    differ from the checkpoint's.
-    """
-
-    def __init__(self, build: Callable, config: "TFRecordConfig",
-                 start_position: int = 0, order: Optional[str] = None):
-        super().__init__(build, start_position)
-        self._config = config
-        self._order = order
-
-    def at(self, position: int) -> "PositionedDatasetFn":
-        return PositionedDatasetFn(self._build, self._config, position,
-                                   self._order)
-
-    def order(self) -> str:
-        """The identity of this order (JSON): files, record counts, seed."""
-        if self._order is None:
-            files = expand_files(self._config.input_files)
-            counts = [len(o) - 1 for o in record_index.load(files)]
-            seed = (DEFAULT_ORDER_SEED if self._config.seed is None
-                    else self._config.seed)
-            self._order = order_identity.describe(files, counts, seed)
-        return self._order
-
-    def reorder(self, saved: str, position: int,
-                global_batch_size: int) -> Tuple[int, Optional[str]]:
-        """(the position to start at, a line saying why it moved, or None)
-        for a run resumed at `position` of the order `saved` names."""
-        changed = order_identity.changes(saved, self.order())
-        if not changed:
-            return position, None
-        start, epoch = order_identity.restart_position(
-            saved, position, self.order(), global_batch_size)
-        return start, (
-            f"differs from the checkpoint's ({'; '.join(changed)}): "
-            f"its position {position} belongs to another order, so the new "
-            f"order starts at its epoch {epoch}, global record {start}")
-
-
-def make_dataset_fn(config: TFRecordConfig, build: Callable) -> DatasetFn:
-    """`build(config, input_context, start_position)` as a dataset_fn:
-    positioned in the global order, run by the tf.data service when the
-    config names one. Fails now, on the host, naming a pattern that matches
-    nothing, rather than inside tf.data."""
-    expand_files(config.input_files)
-    if config.training and config.service is not None:
-        return service_lib.ServiceDatasetFn(
-            lambda seed: build(_service_records(config, seed), None, 0),
-            config.service)
-    if uses_global_order(config):
-        return PositionedDatasetFn(functools.partial(build, config), config)
-    return DatasetFn(functools.partial(build, config))
-
-
 def describe_input(config: TFRecordConfig) -> str:
     """"input 16 files, global order (seed 7)", or where the service is."""
     files = len(expand_files(config.input_files))
@@ -407,15 +282,6 @@ def describe_input(config: TFRecordConfig) -> str:
                 f", job {config.service.job_name})")
     order = "global" if uses_global_order(config) else "sharded"
     return f"input {files} files, {order} order (seed {config.seed})"
-
-
-def _service_records(config: TFRecordConfig, seed) -> TFRecordConfig:
-    """The config a service worker's pipeline is built from: every trainer
-    must register the same graph, so a missing seed becomes a fixed one;
-    `seed` (a tensor) overrides it ("parallel_epochs")."""
-    if seed is None:
-        seed = DEFAULT_ORDER_SEED if config.seed is None else config.seed
-    return dataclasses.replace(config, seed=seed)
 
 
 def uses_global_order(config: TFRecordConfig) -> bool:
@@ -437,31 +303,6 @@ def uses_global_order(config: TFRecordConfig) -> bool:
                         remote[0])
         return False
     return True
-
-
-def open_records(files: Sequence[str]) -> RecordReader:
-    """A reader of `files` by record number, indexing any file whose index
-    is missing or stale (and saying so, with the command that does it ahead
-    of time).
-
-    Raises:
-        InputError: A file's frames do not read (naming it), or no records.
-    """
-    def on_built(built, seconds):
-        logging.warning(
-            "tfscale: indexed %d record file(s) in %.1f s (%s%s); the "
-            "writers and `python -m input_pipelines.index_records` do this "
-            "ahead of time", len(built), seconds, built[0],
-            ", ..." if len(built) > 1 else "")
-    try:
-        offsets = record_index.load(files, on_built)
-    except (record_index.RecordIndexError, OSError) as e:
-        raise InputError(f"bad input record: {e}") from None
-    reader = RecordReader(files, offsets)
-    if reader.num_records == 0:
-        raise InputError(f"no records in {len(files)} file(s) "
-                         f"({files[0]}, ...)")
-    return reader
 
 
 def check_index(config: TFRecordConfig) -> None:
@@ -585,96 +426,3 @@ def dataset_options(deterministic: bool, threadpool_size: Optional[int] = None,
     return options
 
 
-def count_records(name: str, compression_type: Optional[str] = None) -> int:
-    """Records in one file, read through TensorFlow's reader (which checks
-    every record's CRCs: raises tf.errors.DataLossError on a bad one)."""
-    ds = tf.data.TFRecordDataset(name, compression_type=compression_type,
-                                 buffer_size=8 << 20).batch(4096)
-    return int(ds.reduce(tf.constant(0, tf.int64),
-                         lambda n, batch: n + tf.size(batch, tf.int64)))
-
-
-def op_message(error: tf.errors.OpError) -> str:
-    """TensorFlow's error text without the function-node and op tags."""
-    text = re.sub(r"\{\{[^}]*\}\}\s*", "", error.message.strip())
-    return re.sub(r"\s*\[Op:\w+\].*$", "", text.splitlines()[0])
-
-
-def check_first_record(files: Sequence[str],
-                       describe: Callable[[bytes], Optional[str]],
-                       compression_type: Optional[str] = None) -> None:
-    """Reads one record of the first file and checks it with `describe`
-    (`fn(serialized record) -> problem or None`): records of another kind
-    or for another model fail here, before training.
-
-    Raises:
-        InputError: "FILE: record 0: <problem>", or "FILE: <TF's message>"
-            when the file does not read; an empty first file is allowed
-            (other files may hold records).
-    """
-    name = files[0]
-    try:
-        first = next(iter(tf.data.TFRecordDataset(
-            name, compression_type=compression_type).take(1)), None)
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-        raise InputError(
-            f"{name}: {op_message(e)}") from None
-    if first is None:
-        return
-    problem = describe(first.numpy())
-    if problem:
-        raise InputError(f"{name}: record 0: {problem}")
-
-
-def find_bad_record(files: Sequence[str], parse_fn: Optional[Callable] = None,
-                    compression_type: Optional[str] = None,
-                    describe: Optional[Callable[[bytes], Optional[str]]] = None
-                    ) -> Optional[str]:
-    """Scans `files` in order; describes the first unreadable record.
-
-    TensorFlow's errors say "corrupted record at <offset>" or "Key: x ...
-    Number of values != expected" without the file. Called after such an
-    error, this names it (and, through the parse error, the feature).
-
-    Args:
-        files: Record files, in the order to scan.
-        parse_fn: The pipeline's batched parse; its errors count as bad.
-        compression_type: As in `TFRecordConfig`.
-        describe: `fn(serialized record) -> problem or None`, to say what
-            is wrong with a record in a batch that failed to parse in words
-            the user knows (which flag expects what) rather than TF's.
-
-    Returns:
-        "FILE: record N: <problem>" (or "in records N-M: <TF's message>"),
-        or None if every record reads and parses.
-    """
-    for name in files:
-        count = 0
-        try:
-            ds = tf.data.TFRecordDataset(name, compression_type=compression_type)
-            for batch in ds.batch(256):
-                if parse_fn is not None:
-                    try:
-                        parse_fn(batch)
-                    except tf.errors.InvalidArgumentError:
-                        problem = _describe_batch(batch, describe)
-                        if problem:
-                            index, text = problem
-                            return f"{name}: record {count + index}: {text}"
-                        raise
-                count += int(batch.shape[0])
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-            return (f"{name}: in records {count}-{count + 255}: "
-                    f"{op_message(e)}")
-    return None
-
-
-def _describe_batch(batch, describe):
-    """(index, problem) of the first record `describe` objects to, or None."""
-    if describe is None:
-        return None
-    for index, record in enumerate(batch.numpy()):
-        problem = describe(record)
-        if problem:
-            return index, problem
-    return None

@@ -21,7 +21,7 @@ import shlex
 import socket
 import subprocess
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 from launch import local
 

@@ -110,7 +110,7 @@ def test_bad_record_on_one_worker_ends_the_entry_point_job(
     """run_pretraining.py, records read per worker (sharded order): worker
     1's files have a corrupt record. Worker 1 names it and fails, and the
     job ends at once, not after a collective timeout."""
-    from input_pipelines.tfrecord import shard_files
+    from input_pipelines.record_files import shard_files
     records = tmp_path / "records"
     shutil.copytree(corpus / "records", records)
     files = sorted(glob.glob(str(records / "train-*.tfrecord")))

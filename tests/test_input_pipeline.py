@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from input_pipelines import tfrecord
+from input_pipelines import record_checks, record_files, tfrecord
 
 SPEC = {"id": tf.io.FixedLenFeature([1], tf.int64),
         "x": tf.io.FixedLenFeature([3], tf.float32)}
@@ -64,8 +64,8 @@ def test_shards_are_disjoint_and_cover_every_record(tmp_path, num_files,
 
 
 def test_file_sharding_chosen_when_enough_files():
-    assert tfrecord.shard_files(["a", "b", "c"], 2, 1) == (["b"], True)
-    assert tfrecord.shard_files(["a"], 2, 1) == (["a"], False)
+    assert record_files.shard_files(["a", "b", "c"], 2, 1) == (["b"], True)
+    assert record_files.shard_files(["a"], 2, 1) == (["a"], False)
 
 
 def test_training_shuffles_repeats_and_batches(tmp_path):
@@ -98,7 +98,7 @@ def test_deterministic_with_seed_repeats_the_order(tmp_path):
 def test_glob_and_comma_lists(tmp_path):
     files = write_files(tmp_path, 3, 2)
     pattern = f"{tmp_path}/part-00[01].tfrecord,{files[2]}"
-    assert tfrecord.expand_files(pattern) == sorted(files)
+    assert record_files.expand_files(pattern) == sorted(files)
 
 
 def test_cache_in_memory_gives_the_same_records(tmp_path):
@@ -110,11 +110,11 @@ def test_cache_in_memory_gives_the_same_records(tmp_path):
 
 
 def test_missing_pattern_names_it(tmp_path):
-    with pytest.raises(tfrecord.InputError, match="no files match input "
+    with pytest.raises(record_files.InputError, match="no files match input "
                        "pattern .*nothing-here"):
-        tfrecord.expand_files(str(tmp_path / "nothing-here-*.tfrecord"))
-    with pytest.raises(tfrecord.InputError, match="no input files"):
-        tfrecord.expand_files(" , ")
+        record_files.expand_files(str(tmp_path / "nothing-here-*.tfrecord"))
+    with pytest.raises(record_files.InputError, match="no input files"):
+        record_files.expand_files(" , ")
 
 
 def test_feature_mismatch_names_file_and_feature(tmp_path):
@@ -127,7 +127,7 @@ def test_feature_mismatch_names_file_and_feature(tmp_path):
     parse = tfrecord.make_parse_fn(SPEC)
     with pytest.raises(tf.errors.InvalidArgumentError, match="Key: x"):
         ids_of(tfrecord.make_dataset(config, 4, parse))
-    culprit = tfrecord.find_bad_record(good + [bad], parse)
+    culprit = record_checks.find_bad_record(good + [bad], parse)
     assert culprit.startswith(bad + ": in records 0-255: ")
     assert "Key: x" in culprit
 
@@ -152,7 +152,7 @@ def test_corrupt_record_is_located_by_file(tmp_path, truncate):
     parse = tfrecord.make_parse_fn(SPEC)
     with pytest.raises(tf.errors.DataLossError):
         ids_of(tfrecord.make_dataset(config, 4, parse))
-    culprit = tfrecord.find_bad_record(clean + [bad], parse)
+    culprit = record_checks.find_bad_record(clean + [bad], parse)
     assert culprit.startswith(bad + ": in records 0-255: ")
     assert ("truncated" if truncate else "corrupted") in culprit
 
@@ -169,4 +169,4 @@ def test_skip_corrupt_keeps_the_readable_records(tmp_path):
 
 def test_find_bad_record_passes_clean_files(tmp_path):
     files = write_files(tmp_path, 2, 5)
-    assert tfrecord.find_bad_record(files, tfrecord.make_parse_fn(SPEC)) is None
+    assert record_checks.find_bad_record(files, tfrecord.make_parse_fn(SPEC)) is None

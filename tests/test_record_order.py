@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from input_pipelines import images, tfrecord
+from input_pipelines import dataset_fns, images, record_files, tfrecord
 from input_pipelines.record_order import index as record_index
 from input_pipelines.record_order import partition, shuffle
 from input_pipelines.record_order.reader import RecordReader
@@ -250,17 +250,17 @@ def test_writers_index_their_shards_and_globs_skip_the_index(tmp_path):
         np.testing.assert_array_equal(saved, record_index.scan(name))
     assert len(record_index.read_saved(names[0])) - 1 == 3  # 3 + 2 records
     assert os.path.isdir(tmp_path / ".tfscale-index")
-    assert tfrecord.expand_files(str(tmp_path / "*")) == names
+    assert record_files.expand_files(str(tmp_path / "*")) == names
 
 
 def test_a_stale_or_missing_index_is_rebuilt_and_said(tmp_path, caplog):
     files = write_ids(tmp_path, [5, 6])
-    reader = tfrecord.open_records(files)  # none yet: built now
+    reader = record_files.open_records(files)  # none yet: built now
     assert reader.num_records == 11
     assert "indexed 2 record file(s)" in caplog.text
     write_ids(tmp_path, [9, 6], start=100)  # file 0 rewritten, longer
     caplog.clear()
-    reader = tfrecord.open_records(files)
+    reader = record_files.open_records(files)
     assert reader.num_records == 15
     assert "indexed 1 record file(s)" in caplog.text
     blob, lengths = reader.read(np.array([0, 8, 9, 14]))
@@ -288,9 +288,9 @@ def test_a_truncated_file_is_named(tmp_path):
     files = write_ids(tmp_path, [5])
     with open(files[0], "r+b") as f:
         f.truncate(os.path.getsize(files[0]) - 7)
-    with pytest.raises(tfrecord.InputError,
+    with pytest.raises(record_files.InputError,
                        match=rf"{files[0]}: record 4 at byte \d+ runs past"):
-        tfrecord.open_records(files)
+        record_files.open_records(files)
 
 
 def test_compressed_records_fall_back_to_the_sharded_order(tmp_path):
@@ -386,7 +386,7 @@ def test_a_positioned_input_with_another_batch_size_is_refused(tmp_path):
         tf.cast(f["id"][:, None], tf.float32)))
     config = tfrecord.TFRecordConfig(files, seed=1)
     for batch, fails in ((4, False), (8, True)):
-        dataset_fn = tfrecord.make_dataset_fn(
+        dataset_fn = dataset_fns.make_dataset_fn(
             config, lambda c, context, start, b=batch: tfrecord.make_dataset(
                 c, b, parse, context, start))
         if fails:

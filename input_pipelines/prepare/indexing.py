@@ -22,7 +22,7 @@ def index_file(task: IndexTask, progress) -> tuple:
 
     import tensorflow as tf
 
-    from input_pipelines import tfrecord
+    from input_pipelines import record_checks
     from input_pipelines.record_order import index as record_index
     name = task.name
     offsets = None if task.force else record_index.read_saved(name)
@@ -33,7 +33,7 @@ def index_file(task: IndexTask, progress) -> tuple:
             record_index.write(name, offsets)
             built = 1
         if task.verify:
-            count = tfrecord.count_records(name)
+            count = record_checks.count_records(name)
             if count != len(offsets) - 1:
                 raise record_index.RecordIndexError(
                     f"{name}: TensorFlow reads {count} records, the index "

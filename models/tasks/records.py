@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 from typing import List, Optional, Tuple
 
-from input_pipelines import service, tfrecord
+from input_pipelines import record_files, service, tfrecord
 from input_pipelines.tfrecord import TFRecordConfig
 from tfscale import jobs
 from tfscale.input_feed import InputPipelineError
@@ -49,7 +49,7 @@ class RecordsTask(jobs.Task):
 
     def check_first_record(self, files: List[str], records: TFRecordConfig
                            ) -> None:
-        """Raises `tfrecord.InputError` naming the file when its first
+        """Raises `record_files.InputError` naming the file when its first
         record does not fit the model."""
 
     def find_bad_record(self, files: List[str], records: TFRecordConfig
@@ -69,7 +69,7 @@ class RecordsTask(jobs.Task):
                 (self.train_files, self.train_flag, self.config.train_records),
                 (self.eval_files, self.eval_flag, self.config.eval_records)):
             if files:
-                with jobs.blame(flag, tfrecord.InputError):
+                with jobs.blame(flag, record_files.InputError):
                     self.check_first_record(files, records)
 
     @contextlib.contextmanager
@@ -80,7 +80,7 @@ class RecordsTask(jobs.Task):
                    else self.config.eval_records)
         try:
             yield
-        except tfrecord.InputError as e:  # a file changed since the start
+        except record_files.InputError as e:  # a file changed since the start
             raise jobs.JobError(flag, str(e)) from None
         except InputPipelineError as e:
             culprit = self.find_bad_record(files, records)
@@ -103,8 +103,8 @@ def check_records(train: TFRecordConfig, evaluation: Optional[TFRecordConfig],
             index (`train_flag`, `eval_flag`), or the service does not
             answer (--data_service).
     """
-    with jobs.blame(train_flag, tfrecord.InputError):
-        train_files = tfrecord.expand_files(train.input_files)
+    with jobs.blame(train_flag, record_files.InputError):
+        train_files = record_files.expand_files(train.input_files)
         if do_train:
             tfrecord.check_index(train)
     if do_train and train.service:
@@ -112,6 +112,6 @@ def check_records(train: TFRecordConfig, evaluation: Optional[TFRecordConfig],
             service.check_reachable(train.service)
     eval_files = None
     if evaluation:
-        with jobs.blame(eval_flag, tfrecord.InputError):
-            eval_files = tfrecord.expand_files(evaluation.input_files)
+        with jobs.blame(eval_flag, record_files.InputError):
+            eval_files = record_files.expand_files(evaluation.input_files)
     return train_files, eval_files

@@ -18,7 +18,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from input_pipelines import tfrecord  # noqa: E402
+from input_pipelines import dataset_fns, tfrecord# noqa: E402
 from tfscale import jobs  # noqa: E402
 from tfscale.cluster import ClusterConfig  # noqa: E402
 from tfscale.noise_scale import NoiseScaleConfig  # noqa: E402
@@ -58,7 +58,7 @@ def main():
         {"x": tf.io.FixedLenFeature([features], tf.float32),
          "y": tf.io.FixedLenFeature([], tf.int64)},
         lambda f: (f["x"], f["y"]))
-    dataset_fn = tfrecord.make_dataset_fn(
+    dataset_fn = dataset_fns.make_dataset_fn(
         tfrecord.TFRecordConfig(args.records, training=True, seed=7),
         lambda config, context, start: tfrecord.make_dataset(
             config, trainer.per_replica_batch_size, parse, context, start))
