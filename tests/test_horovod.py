@@ -10,7 +10,7 @@ import tensorflow as tf
 import tfscale.horovod as hvd
 import tfscale.horovod.keras as hvdk
 from launch import run as run_lib
-from tfscale.horovod import _state
+from tfscale.horovod import _state, protocol
 
 
 @pytest.fixture
@@ -261,16 +261,16 @@ def test_first_calls_mode_checks_each_name_three_times_then_trusts_it(fresh):
     state = _state.State(rank=0, size=2, local_rank=0, local_size=2,
                          cross_rank=0, cross_size=1, homogeneous=True,
                          check="first")
-    decisions = [ops._trusted(state, ops._ALLREDUCE, "grads")
+    decisions = [protocol.trusted(state, protocol.ALLREDUCE, "grads")
                  for _ in range(5)]
-    assert decisions == [False] * ops.FIRST_CHECKS + [True] * 2
-    assert not ops._trusted(state, ops._ALLREDUCE, "other")  # its own count
-    assert not any(ops._trusted(state, ops._ALLGATHER, "sizes")
+    assert decisions == [False] * protocol.FIRST_CHECKS + [True] * 2
+    assert not protocol.trusted(state, protocol.ALLREDUCE, "other")  # its own count
+    assert not any(protocol.trusted(state, protocol.ALLGATHER, "sizes")
                    for _ in range(5))  # allgather needs every rank's size
     assert state.sequence == 2  # trusted calls still count
     every = _state.State(rank=0, size=2, local_rank=0, local_size=2,
                          cross_rank=0, cross_size=1, homogeneous=True)
-    assert not any(ops._trusted(every, ops._ALLREDUCE, "grads")
+    assert not any(protocol.trusted(every, protocol.ALLREDUCE, "grads")
                    for _ in range(5))
     _state._state = state
     with pytest.raises(NotImplementedError, match="join\\(\\) needs every "

@@ -14,9 +14,9 @@ def broadcast_variables(variables, root_rank: int,
     Returns:
         The group of assignments (inside a `tf.function`), else None.
     """
-    ops._check_process_set(process_set)
+    ops.check_process_set(process_set)
     state = _state.get()
-    ops._check_root(root_rank, state)
+    ops.check_root(root_rank, state)
     variables = list(variables)
     if state.size == 1 or not variables:
         return None if tf.executing_eagerly() else tf.no_op()
@@ -40,9 +40,9 @@ def broadcast_variables(variables, root_rank: int,
 def broadcast_object(obj, root_rank: int = 0, session=None, name=None,
                      process_set=ops.global_process_set):
     """Rank `root_rank`'s picklable `obj`, on every rank (eager only)."""
-    ops._check_process_set(process_set)
+    ops.check_process_set(process_set)
     state = _state.get()
-    ops._check_root(root_rank, state)
+    ops.check_root(root_rank, state)
     _refuse_graph("broadcast_object")
     if state.size == 1:
         return obj
@@ -52,7 +52,7 @@ def broadcast_object(obj, root_rank: int = 0, session=None, name=None,
 def allgather_object(obj, session=None, name=None,
                      process_set=ops.global_process_set) -> list:
     """Every rank's picklable `obj`, as a list in rank order (eager only)."""
-    ops._check_process_set(process_set)
+    ops.check_process_set(process_set)
     state = _state.get()
     _refuse_graph("allgather_object")
     if state.size == 1:

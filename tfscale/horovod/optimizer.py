@@ -31,7 +31,7 @@ class _Reduction:
 
     def __post_init__(self):
         if self.op == ops.Adasum:
-            ops._resolve_op(self.op, None)
+            ops.resolve_op(self.op, None)
         if self.op not in (ops.Average, ops.Sum):
             raise ValueError("tfscale.horovod: gradients are reduced with "
                              "op=hvd.Average or hvd.Sum")
@@ -80,7 +80,7 @@ def _groups(indices: List[int], num_groups: int) -> List[List[int]]:
 
 def _reduction(compression, sparse_as_dense, op, gradient_predivide_factor,
                num_groups, groups, process_set) -> _Reduction:
-    ops._check_process_set(process_set)
+    ops.check_process_set(process_set)
     _state.get()
     if groups is not None and not isinstance(groups, int):
         # Which variables share an all-reduce changes the schedule only;
