@@ -23,7 +23,7 @@ import subprocess
 import sys
 from typing import List, Sequence, Tuple
 
-from launch import local
+from launch import local, mpi_ranks, workers
 
 # horovodrun options tfscale-run refuses, with what to use instead.
 _REFUSED = {
@@ -309,7 +309,7 @@ def main(argv=None) -> int:
         return 0
     try:
         hosts = resolve_hosts(args)
-        mpirun = local.find_mpirun(args.mpirun)
+        mpirun = mpi_ranks.find_mpirun(args.mpirun)
         major = open_mpi_major(mpirun)
     except (UsageError, ValueError) as e:
         print(f"tfscale-run: error: {e}", file=sys.stderr)
@@ -319,13 +319,13 @@ def main(argv=None) -> int:
     env["HOROVOD_START_TIMEOUT"] = str(timeout)
     if args.log_level:
         env["HOROVOD_LOG_LEVEL"] = args.log_level
-    threads = (local.default_threads(args.num_proc) if is_local(hosts)
+    threads = (workers.default_threads(args.num_proc) if is_local(hosts)
                else None)
-    rank_env = local.mpi_env(env, threads)
+    rank_env = mpi_ranks.mpi_env(env, threads)
     names = [] if is_local(hosts) else forwarded(rank_env)
     extra = mpirun_args(args, hosts, names, major)
     if args.verbose:
-        command = local.mpirun_command(
+        command = mpi_ranks.mpirun_command(
             args.command, args.num_proc, mpirun, extra_args=extra,
             as_root=hasattr(os, "geteuid") and os.geteuid() == 0)
         print("[launcher] " + shlex.join(command), flush=True)

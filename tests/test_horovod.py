@@ -168,8 +168,8 @@ def test_the_multi_host_mpirun_command_line():
         "--mca", "btl_tcp_eager_limit", "65536"]
     old = run_lib.mpirun_args(args, hosts, [], major=4)
     assert ["--mca", "plm_rsh_args", "-p 2222"] == old[6:9]
-    from launch import local
-    command = local.mpirun_command(args.command, 16, "mpirun",
+    from launch import mpi_ranks
+    command = mpi_ranks.mpirun_command(args.command, 16, "mpirun",
                                    extra_args=extra)
     assert command[:4] == ["mpirun", "-np", "16", "--output"]
     assert "--oversubscribe" not in command  # --map-by slot given

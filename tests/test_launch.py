@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from launch import children, local
+from launch import children, local, mpi_ranks, workers
 from tests.conftest import REPO, run_command
 
 
@@ -274,8 +274,8 @@ def test_a_rank_that_aborts_on_a_lost_peer_is_called_a_victim():
                   "rank 0 with PID 0 on node node1 calling \"abort\".'; "
                   "exit 14")
         out = io.StringIO()
-        group = local._MpiGroup(["sh", "-c", script], dict(os.environ), out)
+        group = mpi_ranks.MpiGroup(["sh", "-c", script], dict(os.environ), out)
         group.proc.wait()
         index, code = group.first_failure()
         assert (index, code) == (0, 14), out.getvalue()
-        assert local._last_words(group, index, code) == f": {expected}"
+        assert workers.last_words(group, index, code) == f": {expected}"

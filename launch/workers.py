@@ -1,0 +1,163 @@
+"""The worker processes of one attempt, and what they said.
+
+`ProcessGroup` runs one process per worker with its output prefixed by the
+worker index; it reports the worker that failed first (in time, not by
+index), signals all of them and stops them with a grace period. Each
+worker's last error line is kept (`remember`) so that the launcher can say
+why an attempt ended (`last_words`). `mpi_ranks.MpiGroup` offers the same
+interface for the ranks of one `mpirun`.
+"""
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from typing import List, Mapping, Optional, Sequence
+
+from launch import children
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """One worker process: its command and its full environment."""
+
+    index: int
+    command: List[str]
+    env: Mapping[str, str]
+
+POLL_SECONDS = 0.1
+
+
+def thread_env(threads_per_worker: Optional[int]) -> dict:
+    """TensorFlow's (and OpenMP's) thread counts for one worker."""
+    if not threads_per_worker:
+        return {}
+    return {"TF_NUM_INTRAOP_THREADS": str(threads_per_worker),
+            "TF_NUM_INTEROP_THREADS": str(min(2, threads_per_worker)),
+            "OMP_NUM_THREADS": str(threads_per_worker)}
+
+
+def default_threads(num_workers: int) -> int:
+    """Each worker's share of this host's cores."""
+    return max(1, (os.cpu_count() or 1) // num_workers)
+
+
+class ProcessGroup:
+    """The running worker processes of one attempt."""
+
+    def __init__(self, specs: Sequence[WorkerSpec], out):
+        self._out = out
+        self._lock = threading.Lock()
+        self.last_lines = {}  # worker index -> its error line (remember)
+        self._exit_order = []  # worker indexes as their processes ended
+        self.procs = []
+        self._threads = []
+        for spec in specs:
+            proc = subprocess.Popen(
+                spec.command, env=dict(spec.env), stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=children.PREEXEC)
+            self.procs.append(proc)
+            thread = threading.Thread(target=self._pump,
+                                      args=(spec.index, proc), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+            threading.Thread(target=self._wait, args=(spec.index, proc),
+                             daemon=True).start()
+
+    def _wait(self, index, proc):
+        proc.wait()
+        with self._lock:
+            self._exit_order.append(index)
+
+    def _pump(self, index, proc):
+        for raw in iter(proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            remember(self.last_lines, index, line)
+            with self._lock:
+                self._out.write(f"[worker {index}] {line}\n")
+                self._out.flush()
+
+    def first_failure(self):
+        """(index, code) of the worker that failed first, or None.
+
+        First in time, not in index: when one worker dies its peers fail
+        within milliseconds (their collectives lose it), often before the
+        launcher looks again.
+        """
+        with self._lock:
+            order = list(self._exit_order)
+        for index in order:
+            code = self.procs[index].returncode
+            if code != 0:
+                self._threads[index].join(timeout=2)  # its last words
+                return index, code
+        return None
+
+    def all_done(self) -> bool:
+        return all(p.poll() is not None for p in self.procs)
+
+    def signal_all(self, sig):
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def stop(self, grace_seconds: float, sig=signal.SIGTERM):
+        """Signals every live worker, then kills what is left after grace.
+
+        With `sig=None` the workers are not signalled first (they are
+        finishing by themselves, e.g. saving a preemption checkpoint).
+        """
+        if sig is not None:
+            self.signal_all(sig)
+        deadline = time.monotonic() + grace_seconds
+        while time.monotonic() < deadline and not self.all_done():
+            time.sleep(POLL_SECONDS)
+        self.signal_all(signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+
+# A line that states an error: Python's last traceback line
+# ("ValueError: ..."), an entry point's "prog: error: ...", tfscale's
+# "tfscale: worker 1 failed: ...".
+ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b(: |$)|"
+                         r"^\S+: error: |^tfscale: .* failed: ")
+
+
+def remember(last_lines: dict, index: int, line: str) -> None:
+    """Keeps worker `index`'s latest error line, or, until it has printed
+    one, its latest non-blank line."""
+    text = line.replace("\x00", "").strip()
+    if not text or set(text) <= {"-"}:
+        return
+    if ERROR_LINE.search(text):
+        last_lines[index] = (True, text)
+    elif not last_lines.get(index, (False, ""))[0]:
+        last_lines[index] = (False, text)
+
+
+def last_words(group, index: Optional[int], code: int) -> str:
+    """": <the worker's last line>" for a worker that exited with an error
+    code (the error, with Python's traceback or tfscale's exit line), else
+    "" (a worker killed by a signal said nothing about it)."""
+    if index is None or code <= 0:
+        return ""
+    lost = getattr(group, "lost_peer", {})
+    if index in lost:
+        if lost[index]:
+            return (f": it lost its MPI peer on {lost[index]} (a rank there "
+                    "died or was killed first)")
+        return (": it lost an MPI connection (another rank died or was "
+                "killed first; mpirun names the first rank to abort)")
+    _, line = group.last_lines.get(index, (False, ""))
+    return f": {line}" if line else ""
