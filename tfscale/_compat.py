@@ -2,18 +2,57 @@
 
 Everything in tfscale that touches a private TensorFlow or Keras name does it
 here, so an upgrade has one file to check. Each shim is gated on the versions
-it was verified against (TensorFlow 2.21, Keras 3.15).
+it was verified against (`CHECKED_WITH`: TensorFlow 2.21, Keras 3.15): on
+others it still runs, since a private name often survives a release, but the
+first call logs one warning naming the shim, so that a failure after an
+upgrade points here. Shims whose private name is gone raise, naming it.
 """
 
 import functools
+import os
 
 import keras
 import tensorflow as tf
+from absl import logging
 
 KERAS_VERSION = tuple(int(p) for p in keras.__version__.split(".")[:2])
 TF_VERSION = tuple(int(p) for p in tf.__version__.split(".")[:2])
+# The (major, minor) versions every shim below was checked with.
+CHECKED_WITH = {"TensorFlow": (2, 21), "Keras": (3, 15)}
 
 
+def unverified(running=None) -> str:
+    """"TensorFlow 2.22" (what runs, where it is not what the shims were
+    checked with), or "" when every version is a checked one."""
+    running = running or {"TensorFlow": TF_VERSION, "Keras": KERAS_VERSION}
+    return ", ".join(f"{name} {'.'.join(map(str, version))}"
+                     for name, version in running.items()
+                     if version != CHECKED_WITH[name])
+
+
+_UNVERIFIED = unverified()
+_warned = set()  # shims that said so once
+
+
+def shim(fn):
+    """Marks `fn` as a shim checked with `CHECKED_WITH`: on other versions
+    its first call logs which shim to suspect."""
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        if _UNVERIFIED and fn.__name__ not in _warned:
+            _warned.add(fn.__name__)
+            logging.warning(
+                "tfscale: _compat.%s uses private TensorFlow/Keras names "
+                "checked with TensorFlow %s and Keras %s; this is %s (if it "
+                "fails, look there first)", fn.__name__,
+                ".".join(map(str, CHECKED_WITH["TensorFlow"])),
+                ".".join(map(str, CHECKED_WITH["Keras"])), _UNVERIFIED)
+        return fn(*args, **kwargs)
+    checked.checked_with = dict(CHECKED_WITH)
+    return checked
+
+
+@shim
 def slurm_expand_hostlist(hostlist: str) -> list:
     """'node[01-02],gpu7' -> ['node01', 'node02', 'gpu7'].
 
@@ -25,6 +64,7 @@ def slurm_expand_hostlist(hostlist: str) -> list:
     return slurm_cluster_resolver.expand_hostlist(hostlist)
 
 
+@shim
 def slurm_expand_tasks_per_node(spec: str) -> list:
     """'2(x3),1' -> [2, 2, 2, 1] (SLURM_STEP_TASKS_PER_NODE's grammar)."""
     from tensorflow.python.distribute.cluster_resolver import (
@@ -32,6 +72,7 @@ def slurm_expand_tasks_per_node(spec: str) -> list:
     return slurm_cluster_resolver.expand_tasks_per_node(spec)
 
 
+@shim
 def disable_gradient_aggregation(optimizer):
     """Stops a Keras 3 optimizer from all-reducing gradients itself.
 
@@ -63,6 +104,7 @@ def disable_gradient_aggregation(optimizer):
     return optimizer
 
 
+@shim
 def fix_keras_multi_worker_bugs():
     """Lets plain Keras 3 `model.fit` run under MultiWorkerMirroredStrategy.
 
@@ -126,6 +168,7 @@ def fix_keras_multi_worker_bugs():
     tf_trainer._tfscale_patched = True
 
 
+@shim
 def wrap_keras_fit(wrapper) -> None:
     """Routes every Keras 3 (TensorFlow backend) `model.fit` call through
     `wrapper(fit, model, *args, **kwargs)`. Idempotent."""
@@ -143,6 +186,7 @@ def wrap_keras_fit(wrapper) -> None:
     cls.fit = wrapped_fit
 
 
+@shim
 def communication_options(strategy):
     """The `CommunicationOptions` the strategy was created with, or None.
 
@@ -155,6 +199,7 @@ def communication_options(strategy):
     return getattr(strategy.extended, "_communication_options", None)
 
 
+@shim
 def compiled_metrics(model) -> list:
     """The metrics of `model.compile(metrics=...)`, as one Keras metric whose
     `result()` is a dict ({"accuracy": ...}): Keras keeps them in the private
@@ -164,6 +209,7 @@ def compiled_metrics(model) -> list:
     return [container] if container is not None else []
 
 
+@shim
 def build_compiled_metrics(model, metrics, element_spec) -> None:
     """Builds `compile`'s metric container (and loss) from the shapes of one
     per-replica batch, as `fit` does before its first step: their variables
@@ -175,6 +221,7 @@ def build_compiled_metrics(model, metrics, element_spec) -> None:
         model._symbolic_build(data_batch=element_spec)
 
 
+@shim
 def continue_tensorboard_steps(callbacks, step: int) -> None:
     """Makes Keras's TensorBoard callbacks count steps from `step`.
 
@@ -187,6 +234,7 @@ def continue_tensorboard_steps(callbacks, step: int) -> None:
             callback._global_train_batch = step
 
 
+@shim
 def new_host_tensor(shape, dtype):
     """(an uninitialised tensor in host memory, a writable NumPy view of its
     buffer), for MPI to fill in place (eager).
@@ -205,6 +253,7 @@ def new_host_tensor(shape, dtype):
     return tensor, view
 
 
+@shim
 def tensorboard_writers(callback) -> list:
     """The summary writers a `keras.callbacks.TensorBoard` has opened.
 
@@ -214,6 +263,7 @@ def tensorboard_writers(callback) -> list:
     return list(getattr(callback, "_writers", {}).values())
 
 
+@shim
 def gradient_may_be_recorded(tensors) -> bool:
     """Whether an active `tf.GradientTape` watches any of `tensors` (eager).
 
@@ -227,6 +277,7 @@ def gradient_may_be_recorded(tensors) -> bool:
         return True
 
 
+@shim
 def in_xla_context() -> bool:
     """Whether the graph being built is compiled by XLA (jit_compile=True),
     where a `tf.numpy_function` cannot run."""
@@ -245,6 +296,7 @@ class CallableList(list):
         return self
 
 
+@shim
 def allow_calling_optimizer_variables() -> None:
     """Keras 3's `Optimizer.variables` as a `CallableList`.
 
@@ -267,6 +319,7 @@ def allow_calling_optimizer_variables() -> None:
     variables._tfscale_callable = True
     setattr(cls, "variables", property(variables, doc=prop.__doc__))
 
+@shim
 def coordination_service():
     """This process's coordination-service agent, as the eager context (it
     has `wait_at_barrier`, `set_config_key_value` and
@@ -284,6 +337,7 @@ def coordination_service():
     return ctx
 
 
+@shim
 def second_moments(optimizer, variables):
     """The second-moment slots (Adam's v) of an Adam-family optimizer, one
     per variable in `variables`' order; None if it keeps none.
@@ -295,9 +349,18 @@ def second_moments(optimizer, variables):
     if not moments or not all(hasattr(optimizer, a)
                               for a in ("beta_2", "epsilon")):
         return None
-    return [moments[optimizer._get_variable_index(v)] for v in variables]
+    return [moments[variable_index(optimizer, v)] for v in variables]
 
 
+@shim
+def variable_index(optimizer, variable) -> int:
+    """The index of `variable` in a Keras 3 optimizer's slot lists (what
+    Keras's own optimizers read their slots by in `update_step`, where the
+    TensorFlow backend passes the raw `tf.Variable`)."""
+    return optimizer._get_variable_index(variable)
+
+
+@shim
 def learning_rate_schedule(optimizer):
     """The optimizer's `LearningRateSchedule`, or None for a fixed rate
     (Keras 3 keeps the schedule object in `_learning_rate`)."""
@@ -307,12 +370,38 @@ def learning_rate_schedule(optimizer):
     return None
 
 
+@shim
 def clear_restored_epoch(model) -> None:
     """Forgets the epoch a `BackupAndRestore` callback restored before."""
     model._initial_epoch = None
 
 
+@shim
 def restored_epoch(model):
     """The epoch Keras 3's `BackupAndRestore` restored in `on_train_begin`
     (it sets `model._initial_epoch`, not public API), or None."""
     return getattr(model, "_initial_epoch", None)
+
+
+@shim
+def redirect_backup(callback, backup_dir: str) -> None:
+    """Points a `keras.callbacks.BackupAndRestore`'s writes at `backup_dir`.
+
+    Keras 3.15 derives four private paths from `backup_dir` in `__init__`
+    (the weights, the training metadata and their ".bkp" copies), so setting
+    `backup_dir` later moves nothing by itself.
+    """
+    names = ("_weights_path", "_training_metadata_path", "_prev_weights_path",
+             "_prev_training_metadata_path")
+    missing = [n for n in names if not hasattr(callback, n)]
+    if missing:
+        raise RuntimeError(f"tfscale: this Keras ({keras.__version__}) has no "
+                           f"BackupAndRestore.{missing[0]} (checked with "
+                           "3.15)")
+    callback.backup_dir = backup_dir
+    callback._weights_path = os.path.join(backup_dir, "latest.weights.h5")
+    callback._training_metadata_path = os.path.join(
+        backup_dir, "training_metadata.json")
+    callback._prev_weights_path = callback._weights_path + ".bkp"
+    callback._prev_training_metadata_path = (
+        callback._training_metadata_path + ".bkp")

@@ -59,16 +59,8 @@ def route_backup_writes(callbacks, worker_dir: str) -> None:
     """
     for callback in callbacks:
         if isinstance(callback, keras.callbacks.BackupAndRestore):
-            backup_dir = os.path.join(worker_dir, "backup")
-            callback.backup_dir = backup_dir
-            # Keras derives these four paths from backup_dir in __init__.
-            callback._weights_path = os.path.join(backup_dir,
-                                                  "latest.weights.h5")
-            callback._training_metadata_path = os.path.join(
-                backup_dir, "training_metadata.json")
-            callback._prev_weights_path = callback._weights_path + ".bkp"
-            callback._prev_training_metadata_path = (
-                callback._training_metadata_path + ".bkp")
+            _compat.redirect_backup(callback,
+                                    os.path.join(worker_dir, "backup"))
 
 
 def close_writers(callbacks) -> None:

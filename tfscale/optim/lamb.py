@@ -24,6 +24,8 @@ from typing import Optional, Sequence
 import keras
 from keras import ops
 
+from tfscale import _compat
+
 DEFAULT_EXCLUDE = ("layer_norm", "LayerNorm", "bias")
 
 
@@ -82,7 +84,7 @@ class Lamb(keras.optimizers.Optimizer):
             for v in var_list]
 
     def update_step(self, gradient, variable, learning_rate):
-        index = self._get_variable_index(variable)
+        index = _compat.variable_index(self, variable)
         dtype = variable.dtype
         lr = ops.cast(learning_rate, dtype)
         gradient = ops.cast(gradient, dtype)
