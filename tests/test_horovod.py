@@ -2,6 +2,10 @@
 and tfscale-run's command line. Real ranks: tests/test_horovod_ranks.py."""
 
 import argparse
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +15,8 @@ import tfscale.horovod as hvd
 import tfscale.horovod.keras as hvdk
 from launch import run as run_lib
 from tfscale.horovod import _state, protocol
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -113,11 +119,23 @@ def test_fp16_compression_sends_half_and_returns_the_dtype():
     assert hvd.Compression.none.compress(x)[0] is x
 
 
-def test_keras3_optimizer_variables_are_callable_like_keras2():
-    optimizer = tf.keras.optimizers.Adam()
-    optimizer.build([tf.Variable(tf.zeros([2]))])
-    assert optimizer.variables() == optimizer.variables
-    assert isinstance(optimizer.variables, list)
+def test_keras3_optimizer_variables_are_callable_like_keras2_after_init():
+    # In a fresh process: importing changes nothing, init() does.
+    script = (
+        "import keras, tensorflow as tf\n"
+        "import tfscale.horovod as hvd\n"
+        "opt = keras.optimizers.Adam()\n"
+        "opt.build([tf.Variable(tf.zeros([2]))])\n"
+        "print('imported', callable(opt.variables))\n"
+        "hvd.init()\n"
+        "print('init', callable(opt.variables), "
+        "opt.variables() == opt.variables, type(opt.variables).__mro__[1])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                          text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "imported False" in done.stdout
+    assert "init True True <class 'list'>" in done.stdout
 
 
 # ---- tfscale-run's command line ---------------------------------------------

@@ -5,13 +5,13 @@
     ...
     tfscale-run -np 4 -H server1:2,server2:2 python train.py
 
-Runs on TensorFlow 2.21 with Keras 3 or tf_keras; README "Coming from
-Horovod" lists what differs. Importing it makes Keras 3's
-`optimizer.variables` callable as in Keras 2
+Runs on TensorFlow 2.21 with Keras 3 or tf_keras; docs/horovod.md lists
+what differs. Importing it changes nothing outside it; `init()` makes Keras
+3's `optimizer.variables` also callable, as in Keras 2, for the examples
+that broadcast `opt.variables()`
 (`tfscale._compat.allow_calling_optimizer_variables`).
 """
 
-from tfscale import _compat
 from tfscale.horovod._state import (cross_rank, cross_size, gloo_built,
                                     gloo_enabled, init, is_homogeneous,
                                     is_initialized, local_rank, local_size,
@@ -30,7 +30,6 @@ from tfscale.horovod.ops import (Adasum, Average, CollectiveMismatchError,
 from tfscale.horovod.optimizer import (DistributedGradientTape,
                                        DistributedOptimizer)
 
-_compat.allow_calling_optimizer_variables()
 
 elastic = Unsupported("elastic", ELASTIC)
 start_timeline = unsupported("start_timeline", TIMELINE)

@@ -12,7 +12,7 @@ import dataclasses
 import threading
 from typing import Optional
 
-from tfscale import cluster
+from tfscale import _compat, cluster
 from tfscale import fail_fast
 from tfscale import strategies
 
@@ -70,6 +70,9 @@ def init(comm=None, process_sets=None) -> None:
             "tfscale.horovod.init(comm=...) takes an mpi4py communicator, "
             f"not {type(comm).__name__} (a list of ranks is a process set, "
             "which tfscale.horovod does not offer)")
+    # Horovod's TF2 examples call `opt.variables()` on optimizers they
+    # never hand to Horovod: from init() on, Keras 3's list answers a call.
+    _compat.allow_calling_optimizer_variables()
     if _state is not None:
         return
     info = cluster.resolve_cluster(backend="mpi")
