@@ -83,3 +83,18 @@ def test_the_checks_can_fail(tmp_path):
     assert broken == ["missing.md", "#nowhere"]
     assert "no_such_flag" not in project_flags()
     assert "num_workers" in project_flags()
+
+
+DATED = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+
+
+def test_measurements_with_dates_live_in_benchmarks_readme():
+    # README and docs/ say what holds and how to use it; the dated figures
+    # (with their commands) are benchmarks/README.md's.
+    dated = [f"{page.relative_to(REPO)}:{n}: {line.strip()}"
+             for page in [REPO / "README.md", *sorted((REPO / "docs").glob(
+                 "*.md"))]
+             for n, line in enumerate(page.read_text().splitlines(), 1)
+             if DATED.search(line)]
+    assert dated == []
+    assert DATED.search((REPO / "benchmarks" / "README.md").read_text())
