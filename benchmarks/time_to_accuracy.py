@@ -4,6 +4,8 @@ r"""Time to accuracy: what each global batch costs in steps and examples.
     python -m benchmarks.time_to_accuracy --task bert_tiny \
         --records='runs/demo/records/train-*.tfrecord'              # make demo
 
+Each run is a job on tfscale's skeleton (`tfscale.jobs.run`, a `StudyRun`
+task: the study's model and data, stopped at the target by a callback).
 Steps to a target do not depend on the hardware, so every run is one process
 with 2 accumulation steps (the global record order makes that the same run
 as 2 workers; two micro-batches also let the Trainer measure the gradient
@@ -26,7 +28,6 @@ the demo corpus's records, the last shard held out.
 
 import argparse
 import dataclasses
-import gzip
 import json
 import math
 import os
@@ -40,6 +41,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from input_pipelines import idx  # noqa: E402
 from tfscale import jobs  # noqa: E402
 from tfscale.cluster import ClusterConfig  # noqa: E402
 from tfscale.noise_scale import NoiseScaleConfig  # noqa: E402
@@ -47,7 +49,6 @@ from tfscale.optim import OptimConfig  # noqa: E402
 from tfscale.train_config import TrainConfig  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
-FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 OPTIMIZERS = ("sgd", "adamw", "lamb")
 RATE_STEPS = (1 / 3, 1.0, 3.0)  # around the centre of the linear/sqrt rules
 MAX_STEPS = 15_000  # a run's step cap, whatever its examples cap
@@ -92,25 +93,12 @@ class Study:
 # ---- Fashion-MNIST -------------------------------------------------------------
 
 
-def read_idx(path: str) -> np.ndarray:
-    """An IDX file (gzip'ed) as a numpy array (LeCun's format)."""
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big")
-             for i in range(dims)]
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * dims).reshape(shape)
-
-
 def fashion_task(directory: str, target: float) -> Study:
-    def load(prefix):
-        images = read_idx(os.path.join(directory,
-                                       f"{prefix}-images-idx3-ubyte.gz"))
-        labels = read_idx(os.path.join(directory,
-                                       f"{prefix}-labels-idx1-ubyte.gz"))
-        return images.reshape(len(images), -1), labels.astype(np.int64)
+    def load(split):
+        images, labels = idx.load_fashion_mnist(directory, split)
+        return images.reshape(len(images), -1), labels
     train_x, train_y = load("train")
-    test_x, test_y = load("t10k")
+    test_x, test_y = load("test")
     test_x = tf.constant(test_x.astype(np.float32) / 255.0)
 
     def build_model():
@@ -425,7 +413,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=("fashion_mnist", "bert_tiny"),
                         default="fashion_mnist")
-    parser.add_argument("--fashion_dir", default=FASHION_DIR)
+    parser.add_argument("--fashion_dir", default=idx.FASHION_MNIST_DIR)
     parser.add_argument("--records", default="runs/demo/records/train-*")
     parser.add_argument("--bert_config",
                         default="runs/demo/corpus/bert_config.json")

@@ -141,3 +141,22 @@ def test_the_study_runs_through_the_skeleton():
     assert (again["steps"], again["b_simple"]) == (result["steps"],
                                                    result["b_simple"])
     assert result["b_simple"] > 0
+
+
+def test_idx_files_read_and_a_bad_one_is_named(tmp_path):
+    from input_pipelines import idx
+    path = tmp_path / "labels-idx1-ubyte"
+    path.write_bytes(bytes([0, 0, 8, 1]) + (3).to_bytes(4, "big")
+                     + bytes([7, 0, 9]))
+    assert idx.read_idx(str(path)).tolist() == [7, 0, 9]
+    path.write_bytes(bytes([0, 0, 8, 1]) + (4).to_bytes(4, "big")
+                     + bytes([7, 0, 9]))
+    with pytest.raises(idx.IdxError, match=f"^{path}: 11 bytes, but its "
+                       r"header says \[4\]"):
+        idx.read_idx(str(path))
+    with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
+        idx.load_fashion_mnist(str(tmp_path), "test")
+    if os.path.isdir(FASHION):
+        images, labels = idx.load_fashion_mnist(FASHION, "test")
+        assert images.shape == (10_000, 28, 28) and images.dtype == np.uint8
+        assert sorted(set(labels.tolist())) == list(range(10))
