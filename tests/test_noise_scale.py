@@ -236,13 +236,13 @@ def test_two_workers_estimate_is_within_a_quarter_of_the_exact_value(tmp_path):
     exact = exact_b_simple(x, y, kernel, bias)
     records = write_records(tmp_path / "records", x, y)
     np.savez(tmp_path / "init.npz", kernel=kernel, bias=bias)
-    out = tmp_path / "noise.json"
+    out = tmp_path / "job"
     run_workers(2, ["tests.workers.noise_truth", f"--records={records}",
-                    f"--init={tmp_path / 'init.npz'}", f"--out={out}",
+                    f"--init={tmp_path / 'init.npz'}", f"--output_dir={out}",
                     "--global_batch=32", "--accumulation=2", "--steps=400"],
                 timeout=300)
-    result = json.loads(out.read_text())
-    assert result["micro_batches"] == 4
+    result = json.loads((out / "summary.json").read_text())
+    assert (result["num_workers"], result["steps"]) == (2, 400)  # x 2 acc.
     summary = result["noise_scale"]
     assert summary["steps_averaged"] == 400
     assert summary["b_simple"] == pytest.approx(exact, rel=0.25), (

@@ -123,7 +123,9 @@ class Built(NamedTuple):
         model: The Keras model.
         loss_fn: `fn(labels, outputs) -> per-example loss`.
         metrics: Keras metrics on (labels, outputs).
-        optimizer: None: made from the config's `optim` (the usual case).
+        optimizer: None: made from the config's `optim` (the usual case);
+            else the task's own (`optim` then gives only the run's length,
+            `total_steps`).
     """
 
     model: keras.Model
@@ -230,7 +232,7 @@ def run(task: Task) -> dict:
         cluster=config.cluster, train=config.train)
     speaks = info.is_chief and config.train.verbose > 0
     if speaks:
-        print(run_summary(task, info, trainer, built.model), flush=True)
+        print(run_summary(task, info, trainer, built), flush=True)
 
     start = time.perf_counter()
     initial = _initial_weights(task, trainer, built.model)
@@ -378,20 +380,26 @@ def run_results(trainer: Trainer, info, backend: str, wall_seconds: float,
                             if trainer.noise_scale else None)}
 
 
-def run_summary(task: Task, info, trainer: Trainer, model) -> str:
+def run_summary(task: Task, info, trainer: Trainer, built: Built) -> str:
     """The lines the chief prints before training: workers, numerics, the
     task's model and data, the optimizer."""
     optim = task.config.optim
-    scaling = optim.scaling_rule
-    if scaling != "none" and optim.reference_batch_size:
-        scaling += f" from batch {optim.reference_batch_size}"
+    if built.optimizer is not None:
+        optimizer = (f"optimizer {type(built.optimizer).__name__} (the "
+                     f"task's own), {optim.total_steps} steps")
+    else:
+        scaling = optim.scaling_rule
+        if scaling != "none" and optim.reference_batch_size:
+            scaling += f" from batch {optim.reference_batch_size}"
+        optimizer = (f"optimizer {optim.optimizer}, lr "
+                     f"{optim.learning_rate:g} ({optim.schedule}, warmup "
+                     f"{optim.warmup_steps}, scaling {scaling}), "
+                     f"{optim.total_steps} steps")
     return "\n".join([
         task.title, workers_line(info, trainer),
         numerics_line(trainer.config, task.config.cluster),
-        *("  " + line for line in task.describe(model)),
-        f"  optimizer {optim.optimizer}, lr {optim.learning_rate:g} "
-        f"({optim.schedule}, warmup {optim.warmup_steps}, scaling "
-        f"{scaling}), {optim.total_steps} steps"])
+        *("  " + line for line in task.describe(built.model)),
+        "  " + optimizer])
 
 
 def workers_line(info, trainer: Trainer) -> str:
