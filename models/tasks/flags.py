@@ -96,3 +96,18 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
         save_checkpoints_steps=values.save_checkpoints_steps,
         log_steps=log_steps, verbose=2,
         noise_scale=noise_scale_from_flags(values), **more)
+
+
+def train_records_from_flags(values, input_files, order: str, service):
+    """The training set's `TFRecordConfig` from the record flags both jobs
+    name alike (shuffle buffer, cycle length, determinism, seed, corrupt
+    records), the files and order the entry point chose and the service
+    (`data_service_from_flags`)."""
+    from input_pipelines.tfrecord import TFRecordConfig
+    return TFRecordConfig(
+        input_files, training=True,
+        shuffle_buffer_size=values.shuffle_buffer_size,
+        cycle_length=values.cycle_length,
+        deterministic=values.deterministic, seed=values.seed,
+        skip_corrupt=values.skip_corrupt_records, order=order,
+        service=service)

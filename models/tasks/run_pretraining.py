@@ -23,7 +23,8 @@ from absl import flags
 
 from models.tasks.flags import (cluster_from_flags, data_service_from_flags,
                                 define_cluster_flags,
-                                define_data_service_flags, train_from_flags)
+                                define_data_service_flags, train_from_flags,
+                                train_records_from_flags)
 from tfscale import edge
 from tfscale.edge import define_noise_scale_flags
 
@@ -278,13 +279,8 @@ def config_from_flags():
             model_name=FLAGS.bert_config_file or FLAGS.model,
             spec=BertRecordSpec(FLAGS.max_seq_length,
                                 FLAGS.max_predictions_per_seq),
-            train_records=TFRecordConfig(
-                input_file, training=True,
-                shuffle_buffer_size=FLAGS.shuffle_buffer_size,
-                cycle_length=FLAGS.cycle_length,
-                deterministic=FLAGS.deterministic, seed=FLAGS.seed,
-                skip_corrupt=FLAGS.skip_corrupt_records,
-                order=order, service=data_service),
+            train_records=train_records_from_flags(
+                FLAGS, input_file, order, data_service),
             optim=OptimConfig(
                 optimizer=optimizer_name, learning_rate=FLAGS.learning_rate,
                 schedule=FLAGS.lr_schedule,

@@ -23,7 +23,8 @@ from absl import flags
 
 from models.tasks.flags import (cluster_from_flags, data_service_from_flags,
                                 define_cluster_flags,
-                                define_data_service_flags, train_from_flags)
+                                define_data_service_flags, train_from_flags,
+                                train_records_from_flags)
 from tfscale import edge
 from tfscale.edge import define_noise_scale_flags
 
@@ -125,13 +126,8 @@ def config_from_flags():
                         if FLAGS.eval_files else None)
         return ImageClassificationConfig(
             spec=spec,
-            train_records=TFRecordConfig(
-                FLAGS.train_files or FLAGS.eval_files or "", training=True,
-                shuffle_buffer_size=FLAGS.shuffle_buffer_size,
-                cycle_length=FLAGS.cycle_length,
-                deterministic=FLAGS.deterministic, seed=FLAGS.seed,
-                skip_corrupt=FLAGS.skip_corrupt_records,
-                order=order, service=data_service),
+            train_records=train_records_from_flags(
+                FLAGS, FLAGS.train_files or FLAGS.eval_files or "", order, data_service),
             optim=OptimConfig(
                 optimizer=FLAGS.optimizer, learning_rate=FLAGS.learning_rate,
                 schedule=FLAGS.lr_schedule,
