@@ -111,6 +111,24 @@ def test_a_task_of_ones_own_trains_resumes_and_evaluates(tmp_path, capsys):
     assert again["steps"] == 6 and again["checkpoint"].endswith("ckpt-6")
 
 
+class ToyWithItsOwnOptimizer(Toy):
+    def build(self):
+        built = Toy.build(self)
+        self.model = built.model
+        self.initial = [w.numpy().copy() for w in built.model.weights]
+        return built._replace(optimizer=keras.optimizers.SGD(0.0))
+
+
+def test_a_task_s_own_optimizer_is_used_and_named(tmp_path, capsys):
+    toy = ToyWithItsOwnOptimizer(toy_config(tmp_path, steps=2))
+    assert jobs.run(toy)["steps"] == 2
+    printed = capsys.readouterr().out
+    assert "  optimizer SGD (the task's own), 2 steps" in printed, printed
+    # Learning rate 0: the task's optimizer ran, not the config's (0.1).
+    for before, after in zip(toy.initial, toy.model.weights):
+        np.testing.assert_array_equal(before, after.numpy())
+
+
 def test_evaluating_only_without_a_checkpoint_names_the_flag(tmp_path):
     with pytest.raises(jobs.JobError, match=r"^--do_train: evaluating only "
                        r"needs a checkpoint in --output_dir: no checkpoint"):
