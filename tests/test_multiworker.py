@@ -111,6 +111,27 @@ def test_xla_two_workers_matches_no_xla(sgd_one, tmp_path_factory):
                         atol=1e-5)
 
 
+def test_xla_and_several_steps_per_call_two_workers_match_one_worker(
+        sgd_one, tmp_path_factory):
+    # The GPU configuration: the compiled per-replica step and up to 4
+    # steps per call (steps 1-4, then 5-6: the input read inside the call).
+    two, output = train(tmp_path_factory, "calls2", 2, "--xla",
+                        "--steps_per_execution", "4")
+    assert_same_weights(load_weights(sgd_one), load_weights(two), rtol=1e-4,
+                        atol=1e-5)
+
+
+def test_a_stop_inside_a_call_ends_it_on_every_worker_at_the_same_step(
+        tmp_path_factory):
+    # Worker 1 sets stop_training after the first call (steps 1-4); the
+    # second call (steps 5-6) carries the flag in step 5's all-reduce and
+    # leaves its loop there, on both workers.
+    out, _ = train(tmp_path_factory, "stopcall", 2, "--stop_at", "1",
+                   "--steps_per_execution", "4")
+    assert load_events(out, 0)["step"] == 5
+    assert load_events(out, 1)["step"] == 5
+
+
 def test_killed_worker_is_restarted_and_run_ends_as_uninterrupted(
         sgd_one, tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("ckpt")

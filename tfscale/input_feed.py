@@ -27,6 +27,7 @@ line, the entry points leave with `os._exit` once every file is flushed
 (`tfscale.edge.leave`; `python -m benchmarks.exit_time`).
 """
 
+import re
 import threading
 
 import tensorflow as tf
@@ -81,17 +82,49 @@ class InputFeed:
         holder, self.iterator = [self.iterator], None
         delete_in_background(holder)
 
-    def next(self, num_micro_batches: int) -> tuple:
-        """The next step's micro-batches, each a per-replica value."""
-        return tuple(self._next_micro_batch() for _ in range(num_micro_batches))
+    def take(self, iterator, num_micro_batches: int) -> tuple:
+        """The next step's micro-batches from `iterator` (this feed's), each
+        a per-replica value. On the host, or inside a compiled step (the
+        iterator then passed in as an argument, and an input error surfaces
+        from the call: `is_input_error`)."""
+        return tuple(self._micro_batch(iterator)
+                     for _ in range(num_micro_batches))
 
-    def _next_micro_batch(self):
+    def _micro_batch(self, iterator):
         try:
-            elements = [next(self.iterator)
-                        for _ in range(self._local_replicas)]
+            elements = [next(iterator) for _ in range(self._local_replicas)]
         except tf.errors.OpError as e:
-            raise InputPipelineError(
-                e.message.strip().splitlines()[0]) from e
+            raise input_error(e) from e
         first = self._first_replica
         return self._strategy.experimental_distribute_values_from_function(
             lambda context: elements[context.replica_id_in_sync_group - first])
+
+
+def is_input_error(error: tf.errors.OpError) -> bool:
+    """Whether an error raised by a compiled step came from reading its
+    input (the iterator's get-next op), not from the model or a collective."""
+    return (isinstance(error, tf.errors.OutOfRangeError)
+            or "IteratorGetNext" in (error.message or ""))
+
+
+def input_error(error: tf.errors.OpError) -> InputPipelineError:
+    """An `InputPipelineError` with the line of TensorFlow's message that
+    says what went wrong (a compiled call's error wraps it in lines about
+    graphs, nodes and root errors)."""
+    return InputPipelineError(first_cause(error.message))
+
+
+_NOISE = re.compile(r"^(Graph execution error:|Detected at node|"
+                    r"<stack traces unavailable>|\d+ root error\(s\) found|"
+                    r"\[\[|\d+ successful operations|\d+ derived errors)")
+_ROOT = re.compile(r"^\(\d+\) [A-Z_]+:\s*")
+
+
+def first_cause(message: str) -> str:
+    """The first line of an error message that is not TensorFlow's framing
+    ("Graph execution error:", node names, root-error counts)."""
+    for line in (message or "").splitlines():
+        line = _ROOT.sub("", line.strip())
+        if line and not _NOISE.match(line):
+            return line
+    return (message or "").strip()

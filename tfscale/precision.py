@@ -52,13 +52,16 @@ class DynamicLossScale(tf.Module):
         self.growth_steps = growth_steps
         self.min_scale = float(min_scale)
 
-    def update(self, finite: bool) -> None:
-        """Adjusts the scale after a step (eagerly, on the host)."""
-        if not finite:
-            self.scale.assign(max(self.min_scale, float(self.scale.numpy()) / 2.0))
-            self.good_steps.assign(0)
-        elif int(self.good_steps.numpy()) + 1 >= self.growth_steps:
-            self.scale.assign(float(self.scale.numpy()) * 2.0)
-            self.good_steps.assign(0)
-        else:
-            self.good_steps.assign_add(1)
+    def update(self, finite) -> None:
+        """Adjusts the scale after a step: eagerly on the host, or inside a
+        compiled step (`finite` a boolean tensor); the same arithmetic."""
+        finite = tf.convert_to_tensor(finite, tf.bool)
+        grow = tf.logical_and(finite,
+                              self.good_steps + 1 >= self.growth_steps)
+        scale = self.scale.read_value()
+        self.scale.assign(tf.where(
+            finite, tf.where(grow, scale * 2.0, scale),
+            tf.maximum(self.min_scale, scale / 2.0)))
+        self.good_steps.assign(tf.where(
+            tf.logical_and(finite, tf.logical_not(grow)),
+            self.good_steps + 1, tf.constant(0, tf.int64)))

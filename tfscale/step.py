@@ -1,24 +1,30 @@
-"""The distributed training step, as three compiled functions.
+"""The distributed training step: compute, sync, apply; several per call.
 
 One optimizer step is three parts:
 
-    compute  per replica: forward and backward over k micro-batches, gradients
-             summed locally (XLA-compiled when asked). No communication.
+    compute  per replica: forward and backward over k micro-batches, the
+             gradients summed locally and the metrics updated, in one
+             XLA-compiled function when asked. No communication.
     sync     one all-reduce of [loss and flags, *gradients] across all
              replicas (through the backend's `collectives.py` object), then
              loss-scale removal, a finite check and global-norm clipping.
-    apply    the optimizer update with the reduced gradients.
+    apply    the optimizer update with the reduced gradients: all variables
+             in one XLA-compiled function when asked and the worker holds one
+             replica (XLA compiles no collective on CPU, and Keras's update
+             under a strategy of several local replicas is a `merge_call`
+             that XLA cannot hold); the plain per-variable update otherwise.
 
-XLA cannot compile collectives on CPU (DESIGN.md fact 2), so only the
-per-replica forward/backward is jit-compiled; the all-reduce sits outside it.
+`execute` runs up to n whole steps in one call (the idea behind Keras's
+`steps_per_execution` and Google's `iterations_per_loop`): the input is
+read inside the call, the fp16 decision to skip a step with non-finite
+gradients is a `tf.cond` on the device, and the loss, flags and noise-scale
+sums of every step come back in one tensor, read once. The loop leaves early
+at the first step whose all-reduced flags ask to stop or to save for a
+preemption, so every worker leaves at the same step.
 
-`fused` runs the three parts in one compiled function (one dispatch, the
-normal step). `compute`, `sync` and `apply` are the same parts as separate
-functions, for two uses: timing each part (the Trainer samples a few steps
-per log interval this way, since every dispatch and host wait costs time),
-and fp16, which skips a step whose reduced gradients are not finite: Keras's
-`optimizer.apply` cannot run inside a `cond` under a strategy (fact 7), so the
-host decides and simply does not call `apply`.
+`compute`, `sync` and `apply` are the same parts as separate calls, for
+timing each part: the Trainer runs a few steps per log interval this way,
+each part followed by a host wait.
 
 Loss scaling across replicas: each replica's loss is the sum of its
 per-example losses divided by the *global* batch (per-replica x replicas x
@@ -29,55 +35,38 @@ why N workers with global batch B match one worker with batch B.
 
 import copy
 import dataclasses
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
 import keras
 import tensorflow as tf
 
 from tfscale import noise_scale as noise_lib
+from tfscale.train_config import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class StepConfig:
-    """What the step needs to know.
+class StepsResult:
+    """What one call of the step (one or more optimizer steps) reports.
 
     Attributes:
-        global_batch_size: Examples per optimizer step over all replicas and
-            micro-batches.
-        num_accumulation_steps: Micro-batches per optimizer step (k).
-        jit_compile: XLA-compile the per-replica forward/backward.
-        clip_global_norm: Clip the reduced gradients to this global norm.
+        losses: Each step's global-batch loss (reduced over all replicas).
+        stop, preempt: Whether any worker raised the flag (the last step).
+        metrics: {name: value} of the metrics after the last step.
+        skipped: fp16: steps whose update was skipped (non-finite gradients).
+        noise: Per step, the gradient noise scale's numbers
+            (`noise_scale.NoiseScale.update`); empty when not measured.
     """
 
-    global_batch_size: int
-    num_accumulation_steps: int = 1
-    jit_compile: bool = False
-    clip_global_norm: Optional[float] = None
-    log_steps: int = 100
-    timed_steps_per_log: int = 4
-    noise_scale: noise_lib.NoiseScaleConfig = noise_lib.NoiseScaleConfig(
-        mode="off")
-
-
-@dataclasses.dataclass(frozen=True)
-class StepResult:
-    """What one optimizer step reports to the loop.
-
-    Attributes:
-        loss: The global batch's loss (reduced over all replicas).
-        stop, preempt: Whether any worker raised the flag for this step.
-        metrics: {name: value} of the metrics after this step.
-        skipped: fp16: the update was skipped (non-finite gradients).
-        noise: The gradient noise scale's numbers for this step
-            (`noise_scale.NoiseScale.update`), or None when not measured.
-    """
-
-    loss: float
+    losses: tuple
     stop: bool
     preempt: bool
     metrics: dict
-    skipped: bool = False
-    noise: Optional[tuple] = None
+    skipped: int = 0
+    noise: tuple = ()
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses)
 
 
 def unreduced(loss_fn) -> Callable:
@@ -116,7 +105,7 @@ def _per_example(values):
 
 
 class TrainStep:
-    """Compiled compute / sync / apply functions for one model.
+    """Compiled training steps for one model.
 
     Args:
         model: A built Keras 3 model, created under `strategy.scope()`.
@@ -128,17 +117,20 @@ class TrainStep:
         strategy: The `tf.distribute` strategy.
         collectives: The backend's collectives (`collectives.py`): the
             all-reduce, and whether metric states must be summed here.
-        config: A `StepConfig`.
+        config: The Trainer's `TrainConfig`.
+        feed: `fn(iterator, k) -> k per-replica micro-batches`
+            (`InputFeed.take`); it runs inside the compiled call too.
         loss_scale: A `precision.DynamicLossScale` for fp16, else None.
 
     `run` is the one entry point of the training loop: it owns the choice
-    between the fused step and the part-by-part one, the host waits, and
-    the fp16 decision to skip an update.
+    between several steps per call and the part-by-part step, and the host
+    waits of the latter.
     """
 
     def __init__(self, *, model, optimizer, loss_fn: Callable,
                  metrics: Sequence[keras.metrics.Metric], strategy,
-                 collectives, config: StepConfig, loss_scale=None):
+                 collectives, config: TrainConfig, feed: Callable,
+                 loss_scale=None):
         self._model = model
         self._optimizer = optimizer
         self._loss_fn = unreduced(loss_fn)
@@ -147,6 +139,7 @@ class TrainStep:
         self._strategy = strategy
         self._collectives = collectives
         self._config = config
+        self._feed = feed
         self._loss_scale = loss_scale
         self._split_steps = 0
         self._variables = model.trainable_variables
@@ -162,16 +155,25 @@ class TrainStep:
             noise_lib.Preconditioner(optimizer, self._variables)
             if self.measures_noise and noise.mode == "preconditioned"
             else None)
-        self._forward_backward = tf.function(
-            self._forward_backward_fn, jit_compile=config.jit_compile)
-        self.fused = tf.function(self._fused)
+        jit = config.jit_compile
+        self.jit_update = jit and len(strategy.extended.worker_devices) == 1
+        self._micro_batch = tf.function(self._micro_batch_fn, jit_compile=jit)
+        self._update = tf.function(self._update_fn,
+                                   jit_compile=self.jit_update)
+        self.execute = tf.function(self._execute)
         self.compute = tf.function(self._compute)
         self.sync = tf.function(self._sync)
         self.apply = tf.function(self._apply)
+        # Values this object copied from the device to Python (each a wait
+        # for the device): the loop's cost that does not show in a profile.
+        self.host_reads = 0
 
     # ---- per replica -----------------------------------------------------
 
-    def _forward_backward_fn(self, x, y, sample_weight, factors=None):
+    def _micro_batch_fn(self, batch, sums, factors):
+        """Forward and backward over one micro-batch; its metrics updated;
+        (loss, gradients, noise norms) added to `sums` (None: the first)."""
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         scale = (tf.cast(self._loss_scale.scale, tf.float32)
                  if self._loss_scale is not None else None)
         with tf.GradientTape() as tape:
@@ -180,10 +182,9 @@ class TrainStep:
             loss = tf.reduce_sum(losses) / self._config.global_batch_size
             if self._model.losses:
                 # Regularization is counted once per optimizer step in total.
-                replicas = (self._collectives.num_replicas *
-                            self._config.num_accumulation_steps)
                 loss += tf.add_n([tf.cast(l, tf.float32)
-                                  for l in self._model.losses]) / replicas
+                                  for l in self._model.losses]
+                                 ) / self.micro_batches_per_step
             scaled = loss * scale if scale is not None else loss
         grads = tape.gradient(scaled, self._variables)
         # Dense gradients: embedding lookups give IndexedSlices, which can
@@ -191,34 +192,39 @@ class TrainStep:
         # with the rest (an all-gather each). BERT's recipe densifies too.
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                  for g, v in zip(grads, self._variables)]
-        if not self.measures_noise:
-            return loss, grads, y_pred, tf.zeros([0])
-        # This micro-batch's squared gradient norm per group, before it joins
-        # the sum (noise_scale.py), without the loss scale (squared).
-        norms = noise_lib.squared_norms(grads, self.noise_groups, factors)
-        if scale is not None:
-            norms = norms / tf.square(scale)
-        return loss, grads, y_pred, norms
+        for metric in self._metrics:
+            metric.update_state(y, y_pred, sample_weight=sample_weight)
+        norms = tf.zeros([0])
+        if self.measures_noise:
+            # This micro-batch's squared gradient norm per group, before it
+            # joins the sum (noise_scale.py), without the loss scale.
+            norms = noise_lib.squared_norms(grads, self.noise_groups, factors)
+            if scale is not None:
+                norms = norms / tf.square(scale)
+        if sums is not None:
+            loss_sum, grad_sum, norm_sum = sums
+            loss = loss_sum + loss
+            grads = [a + b for a, b in zip(grad_sum, grads)]
+            norms = norm_sum + norms
+        return loss, grads, norms
 
     def _replica_compute(self, micro_batches):
-        loss_sum = tf.constant(0.0)
-        grad_sum = None
         factors = None
         if self._preconditioner is not None:
             factors, _ = self._preconditioner.factors()
-        norm_sum = tf.zeros([len(self.noise_groups.names)
-                             if self.measures_noise else 0])
         before = [tf.identity(v) for v in self._metric_variables]
+        # One compiled function for every micro-batch: with accumulation it
+        # adds into sums that start at zero (a second trace would be a
+        # second XLA compilation).
+        sums = None
+        if len(micro_batches) > 1:
+            sums = (tf.constant(0.0),
+                    [tf.zeros_like(v) for v in self._variables],
+                    tf.zeros([len(self.noise_groups.names)
+                              if self.measures_noise else 0]))
         for batch in micro_batches:
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-            loss, grads, y_pred, norms = self._forward_backward(
-                x, y, sample_weight, factors)
-            for metric in self._metrics:
-                metric.update_state(y, y_pred, sample_weight=sample_weight)
-            loss_sum += loss
-            norm_sum += norms
-            grad_sum = grads if grad_sum is None else [
-                a + b for a, b in zip(grad_sum, grads)]
+            sums = self._micro_batch(batch, sums, factors)
+        loss_sum, grad_sum, norm_sum = sums
         deltas = [v - b for v, b in zip(self._metric_variables, before)]
         if self.measures_noise:
             # [G squared-norm sums, micro-batch count]: summed over replicas.
@@ -264,106 +270,91 @@ class TrainStep:
             # (what Keras's global_clipnorm does, fact 8) is not the same.
             grads, _ = tf.clip_by_global_norm(
                 grads, self._config.clip_global_norm, use_norm=norm)
-        return control, grads, finite, norm
+        return control, grads, finite
 
-    def _replica_apply(self, grads):
-        self._optimizer.apply(grads, self._variables)
-
-    def _replica_fused(self, micro_batches, signals):
+    def _replica_compute_sync(self, micro_batches, signals):
         loss, grads, deltas = self._replica_compute(micro_batches)
-        control, grads, _, _ = self._replica_sync(loss, grads, deltas,
-                                                  signals)
-        self._replica_apply(grads)
-        return control
+        return self._replica_sync(loss, grads, deltas, signals)
 
-    # ---- the host side: one optimizer step ------------------------------------
-
-    def is_timed(self, step: int) -> bool:
-        """Whether step number `step` (1-based) runs part by part.
-
-        A function of the step number alone, so an interrupted and resumed
-        run takes exactly the same path at every step as an uninterrupted one.
-        Part by part: a few steps per log interval, to time each part, and
-        every fp16 step (the host decides whether to apply).
-        """
-        if self._loss_scale is not None:
-            return True
-        config = self._config
-        remainder = step % config.log_steps
-        return config.timed_steps_per_log > 0 and (
-            remainder == 0 or
-            remainder > config.log_steps - config.timed_steps_per_log)
-
-    def run(self, step: int, fetch: Callable[[], tuple], signals, timer
-            ) -> StepResult:
-        """Runs optimizer step number `step` (1-based).
-
-        Args:
-            step: The step's number.
-            fetch: `fn() -> micro-batches` (the input; timed as input wait).
-            signals: This worker's [stop, preempt] flags (0.0 / 1.0).
-            timer: A `timing.StepTimer`.
-        """
-        timed = self.is_timed(step)
-        signals = tf.constant(signals, tf.float32)
-        timer.start()
-        micro_batches = fetch()
-        timer.mark("input_wait")
-        if not timed:
-            control, metrics = self.fused(micro_batches, signals)
-            loss, stop, preempt, noise = self._control(control)
-            timer.stop(timed=False)
-            return StepResult(loss, stop, preempt,
-                              {k: float(v) for k, v in metrics.items()},
-                              noise=noise)
-        loss, grads, deltas = self.compute(micro_batches)
-        self._local(loss).numpy()  # wait for the backward pass
-        timer.mark("compute")
-        control, grads, finite, _ = self.sync(loss, grads, deltas, signals)
-        loss, stop, preempt, noise = self._control(control)
-        finite = bool(self._local(finite))
-        timer.mark("sync")
-        if finite or self._loss_scale is None:
-            self.apply(grads)
-            self._optimizer.iterations.numpy()  # wait for the update
-        if self._loss_scale is not None:
-            self._loss_scale.update(finite)
-        timer.mark("update")
-        # The very first part-by-part step traces the functions: not counted.
-        timer.stop(timed=self._split_steps > 0)
-        self._split_steps += 1
-        metrics = {k: float(v) for k, v in self.metric_results().items()}
-        return StepResult(loss, stop, preempt, metrics,
-                          skipped=not finite and self._loss_scale is not None,
-                          noise=noise)
-
-    def _local(self, value):
-        return self._strategy.experimental_local_results(value)[0]
-
-    def _control(self, control):
-        """[loss, stop, preempt, noise...] (reduced) -> (loss, stop,
-        preempt, noise numbers or None)."""
-        values = self._local(control).numpy()
-        noise = tuple(values[3:].tolist()) if self.measures_noise else None
-        return (float(values[0]), bool(values[1] > 0), bool(values[2] > 0),
-                noise)
+    def _update_fn(self, grads):
+        self._optimizer.apply(grads, self._variables)
 
     # ---- cross replica (the compiled entry points) --------------------------
 
-    def _fused(self, micro_batches, signals):
-        """One whole step.
+    def _execute(self, iterator, signals, num_steps):
+        """Up to `num_steps` whole steps, reading the input from `iterator`.
 
         Args:
-            micro_batches: Per-replica batches, one per accumulation step.
+            iterator: This worker's `tf.data` iterator.
             signals: float32 [2]: this worker's (stop, preempt) flags.
+            num_steps: int32: the most steps to run; the loop leaves after
+                the first step whose reduced flags are raised.
 
         Returns:
-            (control, metric results); control = [loss, stop, preempt]
-            summed over replicas (the flags are > 0 if any worker set them).
+            (rows, metrics): rows [steps run, C], each
+            [loss, stop, preempt, noise numbers..., skipped] (the first
+            three summed over replicas); metrics: the metric results after
+            the last step, packed in one float32 vector.
         """
-        control = self._strategy.run(self._replica_fused,
-                                     args=(micro_batches, signals))
-        return control, self.metric_results()
+        def keep_going(i, flags, rows):
+            del rows
+            return tf.logical_and(i < num_steps, flags <= 0.0)
+
+        def one_step(i, flags, rows):
+            del flags
+            row = self._one_step(iterator, signals)
+            return i + 1, row[1] + row[2], rows.write(i, row)
+
+        rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True,
+                              element_shape=[self._row_size()])
+        _, _, rows = tf.while_loop(keep_going, one_step,
+                                   (tf.constant(0), tf.constant(0.0), rows))
+        return rows.stack(), self._packed_metrics()
+
+    def _one_step(self, iterator, signals):
+        micro_batches = self._feed(iterator,
+                                   self._config.num_accumulation_steps)
+        control, grads, finite = self._strategy.run(
+            self._replica_compute_sync, args=(micro_batches, signals))
+        control = self._local(control)
+        if self._loss_scale is None:
+            self._apply(grads)
+            skipped = tf.constant(0.0)
+        else:
+            # The same decision on every worker: `finite` is computed from
+            # the all-reduced gradients. The update is a `merge_call` under
+            # a strategy, which cannot sit in a `cond` inside a replica
+            # function (DESIGN fact 7): the `cond` is at this level.
+            finite = self._local(finite)
+
+            def update():
+                self._apply(grads)
+                return tf.constant(0.0)
+
+            skipped = tf.cond(finite, update, lambda: tf.constant(1.0))
+            self._loss_scale.update(finite)
+        return tf.concat([control, [skipped]], axis=0)
+
+    def _row_size(self) -> int:
+        noise = (len(self.noise_groups.names) * 2 + 2
+                 if self.measures_noise else 0)
+        return 3 + noise + 1
+
+    def _packed_metrics(self):
+        values = self.metric_results()
+        return tf.stack([tf.cast(tf.reshape(v, []), tf.float32)
+                         for v in values.values()] or
+                        [tf.constant(0.0)])
+
+    def _compute(self, micro_batches):
+        return self._strategy.run(self._replica_compute, args=(micro_batches,))
+
+    def _sync(self, loss, grads, deltas, signals):
+        return self._strategy.run(self._replica_sync,
+                                  args=(loss, grads, deltas, signals))
+
+    def _apply(self, grads):
+        self._strategy.run(self._update, args=(grads,))
 
     def metric_results(self):
         """{name: value} of every metric (read in the same dispatch)."""
@@ -376,15 +367,111 @@ class TrainStep:
                 results[metric.name] = value
         return results
 
-    def _compute(self, micro_batches):
-        return self._strategy.run(self._replica_compute, args=(micro_batches,))
+    # ---- the host side ------------------------------------------------------
 
-    def _sync(self, loss, grads, deltas, signals):
-        return self._strategy.run(self._replica_sync,
-                                  args=(loss, grads, deltas, signals))
+    def is_timed(self, step: int) -> bool:
+        """Whether step number `step` (1-based) runs part by part.
 
-    def _apply(self, grads):
-        self._strategy.run(self._replica_apply, args=(grads,))
+        A function of the step number alone, so an interrupted and resumed
+        run takes exactly the same path at every step as an uninterrupted
+        one: the last `timed_steps_per_log` steps of each log interval.
+        """
+        config = self._config
+        remainder = step % config.log_steps
+        return config.timed_steps_per_log > 0 and (
+            remainder == 0 or
+            remainder > config.log_steps - config.timed_steps_per_log)
+
+    def steps_in_call(self, step: int, most: int) -> int:
+        """How many steps, from step number `step` on, the next call runs:
+        one for a timed step; else up to `steps_per_execution` and `most`,
+        ending before the next timed step and at the next log or checkpoint
+        boundary. A function of the step number alone (resume: the same
+        calls), so the loop reports and saves where one step at a time would.
+        """
+        if self.is_timed(step):
+            return 1
+        config = self._config
+        n = min(config.steps_per_execution, most)
+        boundaries = [config.log_steps, config.save_checkpoints_steps]
+        for every in boundaries:
+            if every:
+                n = min(n, every - (step - 1) % every)
+        for ahead in range(1, n):
+            if self.is_timed(step + ahead):
+                return ahead
+        return n
+
+    def run(self, step: int, num_steps: int, iterator, signals, timer
+            ) -> StepsResult:
+        """Runs optimizer steps `step` .. `step + num_steps - 1` (1-based;
+        fewer if a flag is raised), from `steps_in_call`.
+
+        Args:
+            step: The first step's number.
+            num_steps: From `steps_in_call(step, ...)`.
+            iterator: This worker's input iterator.
+            signals: This worker's [stop, preempt] flags (0.0 / 1.0).
+            timer: A `timing.StepTimer`.
+        """
+        signals = tf.constant(signals, tf.float32)
+        if not self.is_timed(step):
+            timer.start()
+            rows, metrics = self.execute(iterator, signals,
+                                         tf.constant(num_steps))
+            rows = self._read(rows)
+            metrics = dict(zip(self.metric_results_names(),
+                               self._read(metrics).tolist()))
+            timer.stop(timed=False, steps=len(rows))
+            return self._result(rows, metrics)
+        timer.start()
+        micro_batches = self._feed(iterator,
+                                   self._config.num_accumulation_steps)
+        timer.mark("input_wait")
+        loss, grads, deltas = self.compute(micro_batches)
+        self._read(self._local(loss))  # wait for the backward pass
+        timer.mark("compute")
+        control, grads, finite = self.sync(loss, grads, deltas, signals)
+        control = self._read(self._local(control))
+        finite = bool(self._read(self._local(finite)))
+        timer.mark("sync")
+        if finite or self._loss_scale is None:
+            self.apply(grads)
+            self._read(self._optimizer.iterations)  # wait for the update
+        if self._loss_scale is not None:
+            self._loss_scale.update(finite)
+        timer.mark("update")
+        # The very first part-by-part step traces the functions: not counted.
+        timer.stop(timed=self._split_steps > 0)
+        self._split_steps += 1
+        skipped = float(not finite and self._loss_scale is not None)
+        metrics = {k: float(self._read(v))
+                   for k, v in self.metric_results().items()}
+        return self._result([list(control) + [skipped]], metrics)
+
+    def metric_results_names(self) -> list:
+        """The names of `metric_results()`, in its order."""
+        if not hasattr(self, "_metric_names"):
+            self._metric_names = list(self.metric_results())
+        return self._metric_names
+
+    def _result(self, rows, metrics) -> StepsResult:
+        last = rows[-1]
+        noise = (tuple(tuple(float(v) for v in row[3:-1]) for row in rows)
+                 if self.measures_noise else ())
+        return StepsResult(
+            losses=tuple(float(row[0]) for row in rows),
+            stop=bool(last[1] > 0), preempt=bool(last[2] > 0),
+            metrics=metrics, skipped=int(sum(row[-1] for row in rows)),
+            noise=noise)
+
+    def _read(self, value):
+        """The value in Python (a wait for the device)."""
+        self.host_reads += 1
+        return value.numpy()
+
+    def _local(self, value):
+        return self._strategy.experimental_local_results(value)[0]
 
 
 def _metric_variables(metrics, collectives) -> list:

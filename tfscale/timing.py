@@ -42,11 +42,12 @@ class StepTimer:
         self._current[phase] += now - self._last
         self._last = now
 
-    def stop(self, timed: bool):
-        """Ends the step; its phases count only if it was `timed`."""
+    def stop(self, timed: bool, steps: int = 1):
+        """Ends the step (or `steps` steps run in one call); its phases count
+        only if it was `timed` (one step, run part by part)."""
         elapsed = self._clock() - self._step_start
         self._elapsed += elapsed
-        self._steps += 1
+        self._steps += steps
         if timed:
             self._timed_elapsed += elapsed
             self._timed_steps += 1

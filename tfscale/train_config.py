@@ -27,8 +27,15 @@ class TrainConfig:
             end of `fit`).
         max_checkpoints_to_keep: How many checkpoints to keep.
         log_steps: Report throughput and the time split every this many steps.
+        steps_per_execution: The most optimizer steps one call of the
+            compiled step runs (Keras's `steps_per_execution`, Google's
+            `iterations_per_loop`): the host reads the device once per call,
+            not once per step. A call ends at the next log or checkpoint
+            boundary; batch callbacks run once per call, as in Keras; a
+            preemption signal is acted on at the end of the call in flight.
         timed_steps_per_log: Steps per log interval run part by part to
-            measure the time split (the others run as one fused dispatch).
+            measure the time split (each part followed by a host wait); the
+            others run `steps_per_execution` at a time.
         verbose: 0 silent, 1 progress bar, 2 one line per log interval (the
             chief only in every case).
         noise_scale: How the gradient noise scale (the critical batch
@@ -45,6 +52,7 @@ class TrainConfig:
     save_checkpoints_steps: int = 0
     max_checkpoints_to_keep: int = 5
     log_steps: int = 100
+    steps_per_execution: int = 1
     timed_steps_per_log: int = 4
     verbose: int = 2
     noise_scale: NoiseScaleConfig = NoiseScaleConfig()
@@ -64,5 +72,8 @@ class TrainConfig:
                              f"{self.save_checkpoints_steps}")
         if self.log_steps < 1:
             raise ValueError(f"log_steps must be >= 1, got {self.log_steps}")
+        if self.steps_per_execution < 1:
+            raise ValueError("steps_per_execution must be >= 1, got "
+                             f"{self.steps_per_execution}")
         if self.timed_steps_per_log < 0:
             raise ValueError("timed_steps_per_log must be >= 0")

@@ -31,9 +31,10 @@ from tfscale import fit_inputs
 from tfscale import noise_scale as noise_lib
 from tfscale import precision as precision_lib
 from tfscale.input_feed import (InputFeed, InputPipelineError,
-                                 delete_in_background)
+                                 delete_in_background, input_error,
+                                 is_input_error)
 from tfscale.preemption import Preempted, SignalWatch
-from tfscale.step import EvalStep, StepConfig, TrainStep
+from tfscale.step import EvalStep, TrainStep
 from tfscale.timing import StepTimer
 from tfscale.train_config import TrainConfig
 
@@ -145,12 +146,8 @@ class Trainer:
         self._train_step = TrainStep(
             model=model, optimizer=optimizer, loss_fn=loss_fn,
             metrics=self.metrics, strategy=strategy,
-            collectives=self.collectives,
-            config=StepConfig(config.global_batch_size,
-                              config.num_accumulation_steps,
-                              config.jit_compile, config.clip_global_norm,
-                              config.log_steps, config.timed_steps_per_log,
-                              config.noise_scale),
+            collectives=self.collectives, config=config,
+            feed=lambda iterator, k: self._feed.take(iterator, k),
             loss_scale=self.loss_scale)
         # The gradient noise scale's running estimates (noise_scale.py).
         self.noise_scale = (
@@ -534,46 +531,48 @@ class Trainer:
 
     def _train_epoch(self, feed, callback_list, epoch, steps_per_epoch, watch):
         callback_list.on_epoch_begin(epoch)
-        if int(self.step.numpy()) % steps_per_epoch == 0:
+        # The step in Python (the variable is for checkpoints): the loop
+        # reads the device once per call of the compiled step.
+        step = int(self.step.numpy())
+        if step % steps_per_epoch == 0:
             # (A resume inside an epoch keeps the restored running values.)
             for metric in self.metrics:
                 metric.reset_state()
         loss_total, seen = 0.0, 0
-        first = int(self.step.numpy()) % steps_per_epoch
         logs = {}
-        for batch in range(first, steps_per_epoch):
+        batch = step % steps_per_epoch
+        while batch < steps_per_epoch:
             callback_list.on_train_batch_begin(batch)
-            signals = [float(bool(self.model.stop_training)),
-                       float(watch.requested)]
-            result = self._train_step.run(
-                int(self.step.numpy()) + 1,
-                lambda: feed.next(self.config.num_accumulation_steps),
-                signals, self.timer)
-            loss, stop, preempt = result.loss, result.stop, result.preempt
-            metric_logs = result.metrics
-            self._skipped_steps += int(result.skipped)
-            if result.noise is not None:
-                self.noise_scale.update(result.noise)
+            result = self._run_steps(feed, step + 1, steps_per_epoch - batch,
+                                     watch)
+            self._skipped_steps += result.skipped
+            for noise in result.noise:
+                self.noise_scale.update(noise)
                 if self._adascale is not None:
                     self._adascale.advance(self.noise_scale.estimate())
-            self.step.assign_add(1)
-            self.input_position.assign_add(self.config.global_batch_size)
-            step = int(self.step.numpy())
-            loss_total += loss
-            seen += 1
-            self._interval_loss += loss
-            self._interval_steps += 1
+            self.step.assign_add(result.steps)
+            self.input_position.assign_add(
+                result.steps * self.config.global_batch_size)
+            step += result.steps
+            batch += result.steps
+            loss_total += sum(result.losses)
+            seen += result.steps
+            self._interval_loss += sum(result.losses)
+            self._interval_steps += result.steps
             # As in Keras's fit: "loss" is the running mean over the epoch.
-            logs = {"loss": loss_total / seen, **metric_logs}
+            logs = {"loss": loss_total / seen, **result.metrics}
             # An interval ends every log_steps and at the epoch's end, so a
             # run shorter than log_steps still reports the steps it ran.
             if (step % self.config.log_steps == 0
-                    or batch == steps_per_epoch - 1):
+                    or batch == steps_per_epoch):
                 logs["learning_rate"] = self._learning_rate()
                 logs.update(self._report(step))
-            callback_list.on_train_batch_end(batch, logs)
+            # Batch callbacks run once per call, with the last step's index
+            # (as Keras's fit does with steps_per_execution).
+            callback_list.on_train_batch_end(batch - 1, logs)
+            stop, preempt = result.stop, result.preempt
             if self.num_workers == 1:
-                # No peer to agree with: act on this step's flags at once.
+                # No peer to agree with: act on the flags at once.
                 stop, preempt = self.model.stop_training, watch.requested
             if preempt:
                 self._save()
@@ -587,11 +586,27 @@ class Trainer:
                     and step % self.config.save_checkpoints_steps == 0):
                 self._save()
             if stop:
-                # Set on some worker during the previous step: all stop here.
+                # Set on some worker during the previous call: all stop here.
                 self.model.stop_training = True
                 break
         logs["learning_rate"] = self._learning_rate()
         return dict(logs)
+
+    def _run_steps(self, feed, first: int, most: int, watch):
+        """The next call of the compiled step: one or more optimizer steps
+        from step number `first` (`TrainStep.steps_in_call`), with this
+        worker's flags."""
+        count = (1 if self._adascale is not None  # its rate moves each step
+                 else self._train_step.steps_in_call(first, most))
+        signals = [float(bool(self.model.stop_training)),
+                   float(watch.requested)]
+        try:
+            return self._train_step.run(first, count, feed.iterator,
+                                        signals, self.timer)
+        except tf.errors.OpError as e:
+            if is_input_error(e):
+                raise input_error(e) from e
+            raise
 
     def _agreed_stop(self) -> bool:
         """`model.stop_training` at an epoch's end, agreed by all workers

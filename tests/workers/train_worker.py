@@ -77,6 +77,9 @@ def main(argv):
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--xla", action="store_true")
+    p.add_argument("--steps_per_execution", type=int, default=1,
+                   help="> 1: calls of up to this many steps (log every 12, "
+                        "1 timed step per log)")
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--checkpoint_dir", default=None)
     p.add_argument("--save_steps", type=int, default=0)
@@ -145,7 +148,10 @@ def main(argv):
         global_batch_size=args.global_batch,
         num_accumulation_steps=args.accum, jit_compile=args.xla,
         clip_global_norm=args.clip, checkpoint_dir=args.checkpoint_dir,
-        save_checkpoints_steps=args.save_steps, log_steps=2, verbose=2)
+        save_checkpoints_steps=args.save_steps,
+        log_steps=12 if args.steps_per_execution > 1 else 2,
+        timed_steps_per_log=1 if args.steps_per_execution > 1 else 4,
+        steps_per_execution=args.steps_per_execution, verbose=2)
     trainer = trainer_lib.Trainer(
         model=model, optimizer=optimizer,
         loss_fn=keras.losses.MeanSquaredError(), strategy=strategy,

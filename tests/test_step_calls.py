@@ -1,0 +1,211 @@
+"""Several optimizer steps per call of the compiled step
+(`TrainConfig.steps_per_execution`) and the XLA-compiled update, in one
+process under MirroredStrategy on logical CPUs.
+
+The invariant: a run that calls the device once per n steps ends where a run
+of one step per call ends, whatever the precision, accumulation, noise
+scale, checkpoints or resume; and the host reads the device once per call.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.framework import ops as tf_ops  # to count host reads
+
+from tfscale import noise_scale as noise_lib
+from tfscale import precision
+from tfscale.input_feed import InputPipelineError
+from tfscale.optim.lamb import Lamb
+from tfscale.trainer import TrainConfig, Trainer
+from tests.test_trainer import (TWO_CPUS, Recorder, data, dataset_fn_for,
+                                make_trainer, mirrored, weights)
+
+
+def train(config, optimizer_fn=lambda: keras.optimizers.SGD(0.05),
+          devices=TWO_CPUS, steps=12, epochs=1, callbacks=(), x=None, y=None):
+    trainer = make_trainer(mirrored(devices), config, optimizer_fn)
+    if x is None:
+        x, y = data()
+    trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=steps,
+                epochs=epochs, callbacks=list(callbacks))
+    return trainer
+
+
+CASES = {
+    "sgd": (dict(global_batch_size=16), lambda: keras.optimizers.SGD(0.05)),
+    "adam, 2 micro-batches, clipping": (
+        dict(global_batch_size=32, num_accumulation_steps=2,
+             clip_global_norm=0.5), lambda: keras.optimizers.Adam(0.01)),
+    "lamb, noise scale": (
+        dict(global_batch_size=16,
+             noise_scale=noise_lib.NoiseScaleConfig(mode="plain")),
+        lambda: Lamb(0.01, weight_decay_rate=0.01)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_several_steps_per_call_end_where_one_step_per_call_ends(case):
+    fields, optimizer_fn = CASES[case]
+    runs = []
+    for per_call in (1, 4):
+        recorder = Recorder()
+        trainer = train(TrainConfig(
+            **fields, log_steps=5, timed_steps_per_log=1, verbose=0,
+            steps_per_execution=per_call), optimizer_fn, steps=12,
+            callbacks=[recorder])
+        reports = [r for r in recorder.batch_logs if "interval_loss" in r]
+        runs.append((trainer, reports))
+    (one, one_reports), (four, four_reports) = runs
+    assert int(four.step.numpy()) == int(one.step.numpy()) == 12
+    for a, b in zip(weights(one.model), weights(four.model)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    # Reports at the same steps (5, 10, 12) with the same losses.
+    assert len(one_reports) == len(four_reports) == 3
+    for a, b in zip(one_reports, four_reports):
+        assert b["interval_loss"] == pytest.approx(a["interval_loss"],
+                                                   rel=1e-6)
+        for key in ("gradient_noise_scale", "mae"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-5)
+
+
+def test_float16_skips_on_the_device_as_the_host_did():
+    precision.set_precision("mixed_float16")
+    try:
+        runs = []
+        for per_call in (1, 8):
+            trainer = make_trainer(mirrored(TWO_CPUS), TrainConfig(
+                global_batch_size=16, precision="mixed_float16", verbose=0,
+                log_steps=8, timed_steps_per_log=1,
+                steps_per_execution=per_call))
+            trainer.loss_scale.scale.assign(2.0 ** 40)  # overflows float16
+            x, y = data()
+            trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=24)
+            runs.append(trainer)
+    finally:
+        precision.set_precision("float32")
+    one, eight = runs
+    skipped = int(one.step.numpy()) - int(one.optimizer.iterations.numpy())
+    assert skipped > 1  # more than the timed steps could skip
+    assert all(np.all(np.isfinite(w)) for w in weights(eight.model))
+    assert int(eight.optimizer.iterations.numpy()) == int(
+        one.optimizer.iterations.numpy())
+    assert float(eight.loss_scale.scale.numpy()) == float(
+        one.loss_scale.scale.numpy())
+    for a, b in zip(weights(one.model), weights(eight.model)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+class HostReads:
+    """Counts values copied from tensors to Python (`.numpy()`, `float()`,
+    `bool()`, `int()` all go through `_numpy`)."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        original = tf_ops._EagerTensorBase._numpy
+
+        def counted(tensor):
+            self.count += 1
+            return original(tensor)
+        monkeypatch.setattr(tf_ops._EagerTensorBase, "_numpy", counted)
+
+
+@pytest.mark.parametrize("per_call", [20, 1])
+def test_the_host_reads_the_device_once_per_call(monkeypatch, per_call):
+    config = TrainConfig(global_batch_size=16, log_steps=20,
+                         timed_steps_per_log=0, verbose=0,
+                         steps_per_execution=per_call)
+    trainer = train(config, steps=20)  # traced and warm
+    reads = HostReads(monkeypatch)
+    x, y = data()
+    # 180 more steps: 9 calls of 20 steps, 9 reports, 2 epoch ends.
+    trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=100, epochs=2)
+    per_step = reads.count / 180
+    if per_call == 20:
+        # Per call: its rows (loss, flags, noise sums, fp16 skips) and the
+        # metrics; per report the learning rate; a few per epoch.
+        assert per_step < 0.25
+    else:  # one step per call: the rows and the metrics of every step
+        assert per_step >= 2
+
+
+def test_a_stop_raised_in_a_callback_ends_training_after_that_call():
+    # One worker acts on its own flag at once, as Keras's fit does; with
+    # several workers the flag rides in the next step's all-reduce and the
+    # call ends after that step (tests/test_multiworker.py).
+    class StopAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 7:  # the end of the second call (steps 5-8)
+                self.model.stop_training = True
+
+    trainer = train(TrainConfig(global_batch_size=16, log_steps=100,
+                                timed_steps_per_log=0, verbose=0,
+                                steps_per_execution=4),
+                    steps=40, callbacks=[StopAt()])
+    assert int(trainer.step.numpy()) == 8
+
+
+def test_resume_with_several_steps_per_call_ends_where_it_would(tmp_path):
+    config = dict(global_batch_size=16, save_checkpoints_steps=3,
+                  log_steps=5, timed_steps_per_log=1, steps_per_execution=4,
+                  verbose=0)
+    adam = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
+    full = train(TrainConfig(checkpoint_dir=str(tmp_path / "full"), **config),
+                 adam, steps=7, epochs=2)
+
+    class StopAfterStep(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) >= 4:
+                self.model.stop_training = True
+
+    split = TrainConfig(checkpoint_dir=str(tmp_path / "split"), **config)
+    first = train(split, adam, steps=7, epochs=2,
+                  callbacks=[StopAfterStep()])
+    assert 4 <= int(first.step.numpy()) < 14
+    second = train(split, adam, steps=7, epochs=2)
+    assert int(second.step.numpy()) == 14
+    for a, b in zip(weights(full.model), weights(second.model)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer_fn", [
+    lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
+    lambda: Lamb(0.01, weight_decay_rate=0.01)], ids=["adamw", "lamb"])
+def test_the_xla_update_matches_the_plain_one(optimizer_fn):
+    results = []
+    for jit in (False, True):
+        trainer = train(TrainConfig(global_batch_size=16, jit_compile=jit,
+                                    verbose=0, steps_per_execution=3),
+                        optimizer_fn, devices=["/cpu:0"], steps=6)
+        assert trainer._train_step.jit_update == jit
+        results.append(weights(trainer.model))
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_the_update_is_not_compiled_over_several_local_replicas():
+    trainer = make_trainer(mirrored(TWO_CPUS), TrainConfig(
+        global_batch_size=16, jit_compile=True))
+    assert not trainer._train_step.jit_update
+
+
+def test_an_input_error_inside_a_call_is_an_input_error():
+    x, y = data(n=64)
+    trainer = make_trainer(mirrored(TWO_CPUS), TrainConfig(
+        global_batch_size=16, verbose=0, steps_per_execution=8,
+        timed_steps_per_log=0))
+
+    def dataset_fn(context):
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).enumerate()
+        ds = ds.map(lambda i, xy: (tf.debugging.assert_less(
+            i, tf.constant(40, tf.int64), message="bad record 40"), xy)[1])
+        return ds.batch(trainer.per_replica_batch_size)
+
+    with pytest.raises(InputPipelineError, match="bad record 40"):
+        trainer.fit(dataset_fn, steps_per_epoch=8)
+
+
+def test_steps_per_execution_must_be_positive():
+    with pytest.raises(ValueError, match="steps_per_execution"):
+        TrainConfig(global_batch_size=16, steps_per_execution=0)
