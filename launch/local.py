@@ -34,7 +34,7 @@ import sys
 import time
 from typing import List, Mapping, Optional, Sequence
 
-from launch import children, mpi_ranks, workers
+from launch import children, gpus, mpi_ranks, workers
 from launch.constants import PREEMPTED_EXIT_CODE
 
 
@@ -55,7 +55,8 @@ def find_free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
 def worker_specs(command: Sequence[str], num_workers: int,
                  ports: Sequence[int], base_env: Mapping[str, str],
                  host: str = "127.0.0.1",
-                 threads_per_worker: Optional[int] = None
+                 threads_per_worker: Optional[int] = None,
+                 gpu_sets: Optional[Sequence[str]] = None
                  ) -> List[workers.WorkerSpec]:
     """The command and environment of each of `num_workers` workers.
 
@@ -67,6 +68,8 @@ def worker_specs(command: Sequence[str], num_workers: int,
         host: Address the workers listen on.
         threads_per_worker: TensorFlow intra-op threads per worker (None: no
             limit set).
+        gpu_sets: Each worker's `CUDA_VISIBLE_DEVICES` (`gpus.worker_gpus`);
+            None: left as the launcher's.
 
     Returns:
         A `workers.WorkerSpec` per worker.
@@ -88,6 +91,8 @@ def worker_specs(command: Sequence[str], num_workers: int,
                 "task": {"type": "worker", "index": index}})
         env.update(workers.thread_env(threads_per_worker))
         env["TFSCALE_WORKER_INDEX"] = str(index)
+        if gpu_sets is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu_sets[index]
         # TensorFlow's C++ INFO lines (one per collective, per server start)
         # off; warnings and errors stay. A value of one's own wins.
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -102,12 +107,20 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
         base_env: Optional[Mapping[str, str]] = None, out=None,
         backend: str = "mwms", mpirun: Optional[str] = None,
         mpirun_args: Sequence[str] = (), data_service_workers: int = 0,
-        data_service_dir: Optional[str] = None) -> int:
+        data_service_dir: Optional[str] = None,
+        gpus_per_worker: Optional[int] = None, bind_gpus: bool = True) -> int:
     """Runs `command` as `num_workers` workers until all succeed.
 
     `backend="mwms"` starts the processes with a TF_CONFIG each; "mpi" starts
     them as the ranks of one `mpirun` (`mpirun` and `mpirun_args` choose it
     and add options).
+
+    GPUs (`launch/gpus.py`): worker i sees GPUs i*K..i*K+K-1 of the host
+    (K = `gpus_per_worker`; default 1 when the host has GPUs, 0 for none);
+    with "mpi", each rank binds itself by its local rank through
+    `python -m launch.gpus` (ranks may be on other hosts). `bind_gpus=False`
+    leaves `CUDA_VISIBLE_DEVICES` alone unless `gpus_per_worker` is given
+    (scripts that pick their GPU by local rank themselves, as Horovod's do).
 
     `data_service_workers` > 0 also starts a tf.data service (a
     fault-tolerant dispatcher journaling to `data_service_dir`, and that
@@ -138,7 +151,15 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
     if data_service_workers < 0:
         raise ValueError(f"--data_service_workers must be >= 0, got "
                          f"{data_service_workers}")
+    bind = bind_gpus or gpus_per_worker is not None
+    host_gpus = gpus.host_gpus(base_env) if bind else []
     if backend == "mpi":
+        if bind and (host_gpus or gpus_per_worker is not None):
+            # Each rank binds itself: mpirun's ranks may be on other hosts.
+            k = [] if gpus_per_worker is None else [
+                "--gpus_per_worker", str(gpus_per_worker)]
+            command = [sys.executable, "-m", "launch.gpus", *k, "--",
+                       *command]
         mpi_command = mpi_ranks.mpirun_command(
             command, num_workers, mpi_ranks.find_mpirun(mpirun),
             as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
@@ -149,12 +170,19 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
                 mpi_command, mpi_ranks.mpi_env(base_env, threads_per_worker),
                 out)
     else:
+        gpu_sets = (gpus.worker_gpus(host_gpus, num_workers, gpus_per_worker)
+                    if bind else None)
+        if gpu_sets is not None and any(gpu_sets):
+            _say(out, "GPUs: " + ", ".join(
+                f"worker {i} CUDA_VISIBLE_DEVICES={g}"
+                for i, g in enumerate(gpu_sets)))
+
         def start():
             ports = (list(range(port, port + num_workers)) if port
                      else find_free_ports(num_workers, host))
             return workers.ProcessGroup(
                 worker_specs(command, num_workers, ports, base_env, host,
-                             threads_per_worker), out)
+                             threads_per_worker, gpu_sets), out)
     interrupted = []
 
     def on_signal(signum, _frame):
@@ -254,6 +282,11 @@ def parse_args(argv: Sequence[str]):
     parser.add_argument("--grace_seconds", type=float, default=30.0,
                         help="seconds workers get to exit (and save a "
                              "checkpoint) after a signal before SIGKILL")
+    parser.add_argument("--gpus_per_worker", type=int, default=None,
+                        help="GPUs each worker sees (CUDA_VISIBLE_DEVICES: "
+                             "worker i gets GPUs i*K..i*K+K-1 of the host); "
+                             "default 1 when the host has GPUs (nvidia-smi "
+                             "-L, or CUDA_VISIBLE_DEVICES when set); 0: none")
     parser.add_argument("--data_service_workers", type=int, default=0,
                         help="also start a tf.data service with this many "
                              "workers on this host; the training workers "
@@ -276,6 +309,8 @@ def parse_args(argv: Sequence[str]):
         parser.error("--max_restarts must be >= 0")
     if args.data_service_workers < 0:
         parser.error("--data_service_workers must be >= 0")
+    if args.gpus_per_worker is not None and args.gpus_per_worker < 0:
+        parser.error("--gpus_per_worker must be >= 0")
     return args
 
 
@@ -291,7 +326,8 @@ def main(argv=None) -> int:
                    mpirun=args.mpirun,
                    mpirun_args=shlex.split(args.mpirun_args),
                    data_service_workers=args.data_service_workers,
-                   data_service_dir=args.data_service_dir)
+                   data_service_dir=args.data_service_dir,
+                   gpus_per_worker=args.gpus_per_worker)
     except ValueError as e:
         print(f"tfscale-launch: error: {e}", file=sys.stderr)
         return 2

@@ -224,6 +224,13 @@ def parse_args(argv: Sequence[str]):
     parser.add_argument("--mpirun", default=None,
                         help="the mpirun to use (default: beside this "
                              "Python, else on PATH)")
+    parser.add_argument("--gpus-per-worker", "--gpus_per_worker",
+                        dest="gpus_per_worker", type=int, default=None,
+                        help="each rank sees only its K GPUs (local rank i: "
+                             "GPUs i*K..i*K+K-1 of its host, through "
+                             "CUDA_VISIBLE_DEVICES). Default: not set, as "
+                             "horovodrun (Horovod scripts pick "
+                             "gpus[hvd.local_rank()] themselves)")
     parser.add_argument("--check-build", dest="check_build",
                         action="store_true",
                         help="show what is available and exit")
@@ -257,6 +264,8 @@ def parse_args(argv: Sequence[str]):
         parser.error("--max-restarts must be >= 0")
     if args.start_timeout is not None and args.start_timeout <= 0:
         parser.error("--start-timeout must be > 0")
+    if args.gpus_per_worker is not None and args.gpus_per_worker < 0:
+        parser.error("--gpus-per-worker must be >= 0")
     return args
 
 
@@ -333,7 +342,9 @@ def main(argv=None) -> int:
         return local.run(args.command, args.num_proc, backend="mpi",
                          mpirun=mpirun, mpirun_args=extra,
                          threads_per_worker=threads, base_env=env,
-                         max_restarts=args.max_restarts)
+                         max_restarts=args.max_restarts,
+                         gpus_per_worker=args.gpus_per_worker,
+                         bind_gpus=False)
     except ValueError as e:
         print(f"tfscale-run: error: {e}", file=sys.stderr)
         return 2

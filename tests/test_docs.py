@@ -43,7 +43,9 @@ def project_flags() -> set:
             flags |= set(re.findall(r"\(\"(\w+)\",\s*\"", text))
     # absl's own, and other tools' snake_case flags the pages name.
     return flags | {"helpfull", "helpshort", "flagfile", "verbosity",
-                    "noprogress", "noverify", "nodo_train", "bind_all"}
+                    "noprogress", "noverify", "nodo_train", "bind_all",
+                    # XLA's own (XLA_FLAGS).
+                    "xla_gpu_autotune_level", "xla_gpu_enable_triton_gemm"}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))

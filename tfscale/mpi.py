@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tfscale import cluster
 
@@ -103,6 +104,13 @@ class MpiCollectives:
         self._watchdog = (Watchdog(self.comm, timeout_seconds)
                           if timeout_seconds and self.num_workers > 1
                           else None)
+        device = strategy.extended.worker_devices[0]
+        if "GPU" in device.upper() and self.num_workers > 1 and self.is_chief:
+            logging.warning(
+                "the MPI backend copies each step's gradients from %s to host "
+                "memory, sums them with MPI.Allreduce there and copies them "
+                "back (no CUDA-aware MPI): on GPUs --backend=mwms (NCCL) is "
+                "the fast path", device)
 
     # ---- in the graph --------------------------------------------------------
 

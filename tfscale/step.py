@@ -7,7 +7,8 @@ One optimizer step is three parts:
              XLA-compiled function when asked. No communication.
     sync     one all-reduce of [loss and flags, *gradients] across all
              replicas (through the backend's `collectives.py` object), then
-             loss-scale removal, a finite check and global-norm clipping.
+             loss-scale removal, a finite check and global-norm clipping
+             (XLA-compiled when asked: no collective in it).
     apply    the optimizer update with the reduced gradients: all variables
              in one XLA-compiled function when asked and the worker holds one
              replica (XLA compiles no collective on CPU, and Keras's update
@@ -158,6 +159,8 @@ class TrainStep:
         jit = config.jit_compile
         self.jit_update = jit and len(strategy.extended.worker_devices) == 1
         self._micro_batch = tf.function(self._micro_batch_fn, jit_compile=jit)
+        self._after_reduce = tf.function(self._after_reduce_fn,
+                                         jit_compile=jit)
         self._update = tf.function(self._update_fn,
                                    jit_compile=self.jit_update)
         self.execute = tf.function(self._execute)
@@ -244,9 +247,13 @@ class TrainStep:
         values = ([tf.identity(control)] + [tf.identity(g) for g in grads]
                   + [tf.identity(d) for d in deltas])
         reduced = self._collectives.all_reduce(values)
-        control = reduced[0]
-        grads = reduced[1:1 + len(grads)]
         _add_others(self._metric_variables, deltas, reduced[1 + len(grads):])
+        return self._after_reduce(reduced[0], reduced[1:1 + len(grads)])
+
+    def _after_reduce_fn(self, control, grads):
+        """Loss-scale removal, the finite check, the noise scale's step
+        norms and clipping on the reduced gradients (no collective: compiled
+        with XLA on any device when asked)."""
         if self._loss_scale is not None:
             inverse = 1.0 / tf.cast(self._loss_scale.scale, tf.float32)
             grads = [g * tf.cast(inverse, g.dtype) for g in grads]

@@ -83,7 +83,10 @@ def cluster_from_flags(values, backend: str):
 def train_from_flags(values, *, precision: str, log_steps: int, **more):
     """A `TrainConfig` from the flags both jobs name alike (batch,
     accumulation, XLA, clipping, checkpoints in --output_dir, the noise
-    scale); `more`: fields of the entry point's own flags."""
+    scale); `more`: fields of the entry point's own flags. The host loop is
+    the log interval: up to `log_steps` steps per call of the compiled step
+    (Google's `iterations_per_loop`), so the host reads the device once per
+    interval."""
     from tfscale.edge import noise_scale_from_flags
     from tfscale.train_config import TrainConfig
     return TrainConfig(
@@ -94,7 +97,7 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
         precision=precision,
         checkpoint_dir=os.path.join(values.output_dir, "checkpoints"),
         save_checkpoints_steps=values.save_checkpoints_steps,
-        log_steps=log_steps, verbose=2,
+        log_steps=log_steps, steps_per_execution=log_steps, verbose=2,
         noise_scale=noise_scale_from_flags(values), **more)
 
 

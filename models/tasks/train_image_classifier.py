@@ -92,7 +92,9 @@ flags.DEFINE_integer("eval_batch_size", 256, "Global evaluation batch.")
 flags.DEFINE_integer("max_eval_steps", 0, "Evaluation batches at most (0: "
                      "all records).")
 flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint interval.")
-flags.DEFINE_integer("log_steps", 100, "Loss/throughput log interval.")
+flags.DEFINE_integer("log_steps", 100, "Loss/throughput log interval, and "
+                     "the most steps one call of the compiled step runs (the "
+                     "host reads the device once per call).")
 flags.DEFINE_integer("timed_steps_per_log", 4, "Steps per log interval run "
                      "part by part to measure the time split (0: none; "
                      "saves tracing the step a second time).")

@@ -1,0 +1,164 @@
+"""What the traced BERT training step holds: its ops by type and dtype, with
+the elements each writes (from the traced static shapes), and XLA's compile
+time for the per-replica step on this machine.
+
+    python -m benchmarks.step_graph --bert_config_file=CONFIG \\
+        --train_batch_size=256 --precision=mixed_bfloat16 [--top 25]
+
+Elementwise work (Mul, Add, Cast, Select ...) is bound by memory: the
+elements an op writes (and reads) are its cost on a GPU when nothing fuses
+it, which is what TensorFlow does without XLA. The table points at the ops
+to remove or to leave to XLA's fusion; `--compile` times XLA's compilation
+of the per-replica forward/backward (with the accumulation and the metrics)
+on this machine's CPU.
+"""
+
+import collections
+import json
+import time
+
+import numpy as np
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("bert_config_file", None, "Google's bert_config.json.")
+flags.DEFINE_integer("train_batch_size", 256, "Per-replica batch.")
+flags.DEFINE_integer("max_seq_length", 128, "Sequence length.")
+flags.DEFINE_integer("max_predictions_per_seq", 20, "Masked positions.")
+flags.DEFINE_enum("precision", "mixed_bfloat16",
+                  ["float32", "mixed_bfloat16", "mixed_float16"], "Policy.")
+flags.DEFINE_integer("top", 25, "Rows of the table.")
+flags.DEFINE_bool("compile", False, "Also time XLA's compilation (CPU).")
+flags.DEFINE_string("json", None, "Also write the table here.")
+
+
+def features(batch, seq, preds):
+    import tensorflow as tf
+    rng = np.random.default_rng(0)
+    x = {"input_ids": rng.integers(0, 1000, (batch, seq)),
+         "input_mask": np.ones((batch, seq)),
+         "segment_ids": np.zeros((batch, seq)),
+         "masked_lm_positions": rng.integers(0, seq, (batch, preds))}
+    y = {"masked_lm_ids": rng.integers(0, 1000, (batch, preds)),
+         "masked_lm_weights": np.ones((batch, preds)),
+         "next_sentence_labels": np.zeros((batch, 1))}
+    cast = lambda d, t: {k: tf.constant(v, t if k != "masked_lm_weights"  # noqa: E731
+                                        else tf.float32) for k, v in d.items()}
+    return cast(x, tf.int32), cast(y, tf.int32)
+
+
+# Where an op comes from, by the first of these found in its name (gradient
+# ops carry their forward op's name under gradient_tape/).
+PARTS = (("gelu", "GELU"), ("Gelu", "GELU"), ("dropout", "dropout"),
+         ("layer_norm", "layer norm"), ("Softmax", "attention softmax"),
+         ("attention", "attention"), ("intermediate", "feed-forward"),
+         ("output", "dense outputs"), ("mlm_", "masked-LM head"),
+         ("metric", "metrics"), ("mean", "metrics"),
+         ("sparse_categorical", "loss"), ("embeddings", "embeddings"))
+MATMULS = {"MatMul", "BatchMatMulV2", "BatchMatMul"}
+MOVES = {"Reshape", "ReadVariableOp", "Identity", "Const", "Shape",
+         "StridedSlice", "Pack", "ConcatV2", "Bitcast", "Transpose",
+         "GatherV2", "Tile", "BroadcastTo", "ExpandDims", "Squeeze"}
+
+
+def part_of(name: str) -> str:
+    for key, part in PARTS:
+        if key in name:
+            return part
+    return "other"
+
+
+def op_table(graph, by_part=None) -> list:
+    """[(op type, dtype, ops, elements written)] of a graph and the
+    functions it calls, largest first. `by_part`, a dict, also gets
+    {part: elements} of the elementwise ops (neither matmuls nor data
+    movement), by where their names say they come from."""
+    rows = collections.defaultdict(lambda: [0, 0])
+    seen = set()
+
+    def visit(g):
+        for op in g.get_operations():
+            for out in op.outputs[:1]:
+                n = out.shape.num_elements() if out.shape.is_fully_defined() else 0
+                key = (op.type, out.dtype.name)
+                rows[key][0] += 1
+                rows[key][1] += n or 0
+                if (by_part is not None and op.type not in MATMULS
+                        and op.type not in MOVES and out.dtype.is_floating):
+                    part = part_of(op.name)
+                    by_part[part] = by_part.get(part, 0) + (n or 0)
+            for attr in ("f", "then_branch", "else_branch", "body", "cond"):
+                try:
+                    fn = op.get_attr(attr)
+                except (ValueError, TypeError):
+                    continue
+                name = getattr(fn, "name", None)
+                if name and name not in seen and name in g._functions:
+                    seen.add(name)
+                    visit(g._functions[name].graph)
+    visit(graph)
+    return sorted(((t, d, c, n) for (t, d), (c, n) in rows.items()),
+                  key=lambda r: -r[3])
+
+
+def main(argv):
+    del argv
+    import keras
+    import tensorflow as tf
+    from models import bert
+    from models.bert_config import BertConfig
+    from tfscale import precision
+    from tfscale.step import unreduced
+
+    precision.set_precision(FLAGS.precision)
+    config = BertConfig.from_json_file(FLAGS.bert_config_file)
+    model = bert.make_pretrainer(config, FLAGS.max_seq_length,
+                                 FLAGS.max_predictions_per_seq)
+    metrics = bert.pretraining_metrics()
+    loss_fn = unreduced(bert.pretraining_loss)
+    variables = model.trainable_variables
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            pred = model(x, training=True)
+            loss = tf.reduce_sum(loss_fn(y, pred, None)) / 256.0
+        grads = tape.gradient(loss, variables)
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        for m in metrics:
+            m.update_state(y, pred)
+        return loss, grads
+
+    x, y = features(FLAGS.train_batch_size, FLAGS.max_seq_length,
+                    FLAGS.max_predictions_per_seq)
+    graph = tf.function(step).get_concrete_function(x, y).graph
+    parts = {}
+    table = op_table(graph, parts)
+    total = sum(r[2] for r in table)
+    print(f"{FLAGS.precision}, batch {FLAGS.train_batch_size}: {total} ops")
+    print(f"{'op':<28}{'dtype':<10}{'ops':>6}{'elements written':>20}")
+    for t, d, c, n in table[:FLAGS.top]:
+        print(f"{t:<28}{d:<10}{c:>6}{n:>20,}")
+    matmul = sum(n for t, _, _, n in table if t in MATMULS)
+    elementwise = sum(parts.values())
+    print(f"\nelements written by matmuls {matmul:,}; by floating-point "
+          f"elementwise ops {elementwise:,} ({elementwise / matmul:.1f}x), "
+          "of which:")
+    for part, n in sorted(parts.items(), key=lambda kv: -kv[1]):
+        print(f"  {part:<20}{n:>20,}  {100 * n / elementwise:5.1f}%")
+    if FLAGS.json:
+        with open(FLAGS.json, "w") as f:
+            json.dump([dict(op=t, dtype=d, ops=c, elements=n)
+                       for t, d, c, n in table], f, indent=1)
+    if FLAGS.compile:
+        compiled = tf.function(step, jit_compile=True)
+        start = time.perf_counter()
+        compiled.get_concrete_function(x, y)
+        traced = time.perf_counter() - start
+        start = time.perf_counter()
+        compiled.experimental_get_compiler_ir(x, y)(stage="optimized_hlo")
+        print(f"XLA ({keras.backend.backend()}, CPU): traced in {traced:.1f} s, "
+              f"compiled to optimized HLO in {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    app.run(main)
