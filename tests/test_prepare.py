@@ -176,6 +176,44 @@ def test_image_writer_survives_a_killed_worker_with_identical_bytes(
 
 
 @pytest.mark.slow
+def test_two_clients_with_the_same_shard_names_each_run_their_own_tasks(
+        dask_cluster, tmp_path):
+    # The engine itself, two clients at once on one scheduler, tasks that
+    # take half a second each: every task of both runs while the other
+    # job's are submitted or running.
+    import threading
+
+    from input_pipelines.prepare import engine
+    from tests.workers import slow_shard
+    scheduler_file, _ = dask_cluster
+    names = [f"train-{i:05d}-of-00006" for i in range(6)]
+    config = engine.EngineConfig(scheduler_file=scheduler_file)
+    start = threading.Barrier(2)
+    results = {}
+
+    def job(folder):
+        folder.mkdir()
+        tasks = [(str(folder), name) for name in names]
+        start.wait()
+        results[folder.name] = engine.run(
+            tasks, slow_shard.write, config=config, work=[1] * len(tasks),
+            work_per_process=1, describe=lambda task: task[1])
+
+    threads = [threading.Thread(target=job, args=(tmp_path / folder,))
+               for folder in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert results == {"a": names, "b": names}
+    for folder in ("a", "b"):
+        assert sorted(os.listdir(tmp_path / folder)) == names
+        for name in names:
+            assert (tmp_path / folder / name).read_text() == (
+                f"{tmp_path / folder}/{name}")
+
+
+@pytest.mark.slow
 def test_bert_writer_rerun_after_the_client_died_writes_the_same_bytes(
         dask_cluster, corpus, tmp_path):  # noqa: F811
     scheduler_file, _ = dask_cluster

@@ -22,6 +22,7 @@ writers' module) and the output folder on a shared file system.
 import dataclasses
 import os
 import sys
+import uuid
 from typing import Callable, List, Optional, Sequence
 
 import tqdm
@@ -162,8 +163,13 @@ class Session:
 
 def _run_on_dask(client, tasks, fn, work, describe, bar) -> List:
     import distributed
+    # The scheduler treats equal keys as one task: a key of another job
+    # (another client, the same shard names in another folder) would hand
+    # back that job's result and never run this one's function. Each call
+    # draws its own prefix; the shard's name keeps the key readable.
+    job = uuid.uuid4().hex[:12]
     futures = [client.submit(_call, fn, task, describe(task),
-                             key=f"tfscale-task-{i}-{describe(task)}",
+                             key=f"tfscale-{job}-{i}-{describe(task)}",
                              pure=False)
                for i, task in enumerate(tasks)]
     units = {f.key: w for f, w in zip(futures, work)}
