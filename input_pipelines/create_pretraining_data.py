@@ -132,6 +132,15 @@ def main(argv):
             vocab_digest, stats, dataclasses.asdict(config),
             FLAGS.do_lower_case, FLAGS.random_seed, shards,
             dataclasses.asdict(spec)))
+    other = shard_writer.other_shards(
+        os.path.join(folder, f"{stem}-*-of-*{os.path.splitext(names[0])[1]}"),
+        names)
+    if other:
+        sys.exit(f"create_pretraining_data: error: --num_output_shards="
+                 f"{shards}: {folder} already holds {other[0]} ({len(other)} "
+                 "files of another shard count, which a glob of the shards "
+                 "would read too); remove them or choose another "
+                 "--output_file")
     kept = plan.keep()
     workdir = os.path.join(folder, f".{stem}.buckets-{plan.digest[:16]}")
     os.makedirs(workdir, exist_ok=True)

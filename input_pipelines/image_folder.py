@@ -207,8 +207,8 @@ def encode(path: str, jpeg_quality: int) -> Tuple[bytes, int, int]:
 def _check_no_other_shards(config: WriterConfig, names: List[str]):
     """Shards of an earlier run with another shard count would be read too
     (`NAME-*`): a silent duplicate of the data."""
-    pattern = os.path.join(config.output_dir, f"{config.name}-*-of-*")
-    other = sorted(set(tf.io.gfile.glob(pattern)) - set(names))
+    other = shard_writer.other_shards(
+        os.path.join(config.output_dir, f"{config.name}-*-of-*"), names)
     if other:
         raise ImageFolderError(
             f"--output_dir {config.output_dir} already holds {other[0]} "

@@ -77,20 +77,36 @@ class Plan:
         return digest.hexdigest()
 
     def keep(self) -> Set[int]:
-        """The shards an earlier run of this plan completed (none if the
-        manifest is missing or another plan's); then records this plan."""
-        kept = set()
+        """The shards an earlier run of this plan completed. Shards of
+        another plan (an earlier run with other settings, or with no
+        manifest to say which) are removed first, with their indexes: a run
+        killed mid-way and rerun never mixes two plans' shards. Then records
+        this plan."""
+        same = False
         if tf.io.gfile.exists(self.manifest):
             with tf.io.gfile.GFile(self.manifest) as f:
                 try:
                     same = json.load(f).get("digest") == self.digest
                 except ValueError:
                     same = False
-            if same:
-                kept = {i for i, n in enumerate(self.names) if complete(n)}
+        kept = set()
+        if same:
+            kept = {i for i, n in enumerate(self.names) if complete(n)}
+        else:
+            for name in self.names:
+                for path in (name, record_index.index_path(name)):
+                    if "://" not in name and os.path.exists(path):
+                        os.remove(path)
         with tf.io.gfile.GFile(self.manifest, "w") as f:
             json.dump({"digest": self.digest, "shards": len(self.names)}, f)
         return kept
+
+
+def other_shards(pattern: str, names: Sequence[str]) -> list:
+    """Files `pattern` (`NAME-*-of-*`) matches that are not `names`: shards
+    of an earlier run with another shard count, which a glob of the data
+    set would read too (a silent duplicate of the data)."""
+    return sorted(set(tf.io.gfile.glob(pattern)) - set(names))
 
 
 def remove_leftovers(names: Sequence[str]) -> int:

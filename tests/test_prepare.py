@@ -254,6 +254,71 @@ def test_bert_writer_rerun_after_the_client_died_writes_the_same_bytes(
     assert temporary_files(out) == []
 
 
+def bert_writer(corpus, out, *extra):
+    return [sys.executable, "-m", "input_pipelines.create_pretraining_data",
+            f"--input_file={corpus}/corpus.txt",
+            f"--vocab_file={corpus}/vocab.txt",
+            f"--output_file={out}/train.tfrecord", "--max_seq_length=32",
+            "--max_predictions_per_seq=5", "--noprogress", *extra]
+
+
+@pytest.mark.slow
+def test_a_rerun_with_other_settings_killed_and_rerun_never_mixes_plans(
+        dask_cluster, corpus, tmp_path):  # noqa: F811
+    # Plan 1 writes 8 shards; plan 2 (another --dupe_factor) is killed after
+    # its first shards; its rerun ends with plan 2's bytes in every shard
+    # (plan 1's were removed when plan 2 began, not kept as "complete").
+    scheduler_file, _ = dask_cluster
+    plan2 = ("--num_output_shards=8", "--dupe_factor=3")
+    code, output = run_command(bert_writer(corpus, tmp_path / "one", *plan2,
+                                           "--num_processes=1"), timeout=300)
+    assert code == 0, output
+    reference = digests(tmp_path / "one")
+    out = tmp_path / "out"
+    code, output = run_command(bert_writer(
+        corpus, out, "--num_output_shards=8", "--dupe_factor=2",
+        "--num_processes=1"), timeout=300)
+    assert code == 0, output
+    manifest = out / ".train.manifest.json"
+    first = manifest.read_text()
+    client = subprocess.Popen(
+        bert_writer(corpus, out, *plan2, f"--scheduler_file={scheduler_file}"),
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    index = out / ".tfscale-index"
+
+    def new_shards():
+        if manifest.read_text() == first:
+            return 0
+        since = manifest.stat().st_mtime
+        return sum(1 for n in os.listdir(index)
+                   if (index / n).stat().st_mtime > since)
+    wait_for(lambda: new_shards() >= 1, 180, "plan 2's first shard")
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    assert new_shards() < 8  # killed mid-job
+    code, output = run_command(bert_writer(
+        corpus, out, *plan2, f"--scheduler_file={scheduler_file}"),
+        timeout=300)
+    assert code == 0, output
+    assert digests(out) == reference
+
+
+def test_the_bert_writer_refuses_shards_of_another_count(corpus, tmp_path):  # noqa: F811
+    out = tmp_path / "out"
+    code, output = run_command(bert_writer(
+        corpus, out, "--num_output_shards=2", "--num_processes=1"))
+    assert code == 0, output
+    code, output = run_command(bert_writer(
+        corpus, out, "--num_output_shards=3", "--num_processes=1"))
+    assert code != 0
+    assert output.strip().splitlines()[-1] == (
+        "create_pretraining_data: error: --num_output_shards=3: "
+        f"{out} already holds {out}/train-00000-of-00002.tfrecord (2 files "
+        "of another shard count, which a glob of the shards would read "
+        "too); remove them or choose another --output_file")
+
+
 def test_buckets_mix_documents_of_every_file_stably(tmp_path):
     from input_pipelines.prepare import buckets
     files = []
