@@ -62,13 +62,16 @@ class PositionedDatasetFn(DatasetFn):
                                    self._order)
 
     def order(self) -> str:
-        """The identity of this order (JSON): files, record counts, seed."""
+        """The identity of this order (JSON): files, their record counts
+        and content fingerprints, the seed."""
         if self._order is None:
             files = expand_files(self._config.input_files)
-            counts = [len(o) - 1 for o in record_index.load(files)]
+            offsets = record_index.load(files)
             seed = (DEFAULT_ORDER_SEED if self._config.seed is None
                     else self._config.seed)
-            self._order = order_identity.describe(files, counts, seed)
+            self._order = order_identity.describe(
+                files, [len(o) - 1 for o in offsets], seed,
+                record_index.fingerprints(files, offsets))
         return self._order
 
     def reorder(self, saved: str, position: int,

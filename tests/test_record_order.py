@@ -5,6 +5,7 @@ and the offset indexes it reads by. Real TFRecord files, the real pipelines
 simulated worker."""
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -258,11 +259,13 @@ def test_a_stale_or_missing_index_is_rebuilt_and_said(tmp_path, caplog):
     reader = record_files.open_records(files)  # none yet: built now
     assert reader.num_records == 11
     assert "indexed 2 record file(s)" in caplog.text
-    write_ids(tmp_path, [9, 6], start=100)  # file 0 rewritten, longer
+    # Both files rewritten: file 0 longer, file 1 with the same size (its
+    # modification time, later than its index's, says so).
+    write_ids(tmp_path, [9, 6], start=100)
     caplog.clear()
     reader = record_files.open_records(files)
     assert reader.num_records == 15
-    assert "indexed 1 record file(s)" in caplog.text
+    assert "indexed 2 record file(s)" in caplog.text
     blob, lengths = reader.read(np.array([0, 8, 9, 14]))
     # The new records (ids from 100), read by the rebuilt index.
     assert decode_ids(blob, lengths) == [100, 108, 109, 114]
@@ -357,22 +360,67 @@ def test_a_file_replaced_during_the_run_is_refused(tmp_path):
 
 
 def test_a_position_knows_the_order_it_counts_in():
+    import json
     from input_pipelines.record_order import identity
-    saved = identity.describe(["/d/a", "/d/b"], [10, 20], 3)
-    # Moved to another directory: the same order.
+    saved = identity.describe(["/d/a", "/d/b"], [10, 20], 3, ["fa", "fb"])
+    # Moved to another directory, or renamed and read in the same order:
+    # the same records in the same order.
     assert identity.changes(saved, identity.describe(
-        ["/e/a", "/e/b"], [10, 20], 3)) == []
-    assert identity.changes(saved, identity.describe(["/d/a"], [10], 3)) == [
+        ["/e/a", "/e/b"], [10, 20], 3, ["fa", "fb"])) == []
+    assert identity.changes(saved, identity.describe(
+        ["/d/x", "/d/y"], [10, 20], 3, ["fa", "fb"])) == []
+    assert identity.changes(saved, identity.describe(
+        ["/d/a"], [10], 3, ["fa"])) == [
         "1 file(s) removed (b)", "records 30 -> 10"]
     assert identity.changes(saved, identity.describe(
-        ["/d/a", "/d/b"], [10, 21], 4)) == [
+        ["/d/a", "/d/b"], [10, 21], 4, ["fa", "fb"])) == [
         "1 file(s) with other record counts (b)", "records 30 -> 31",
         "seed 3 -> 4"]
-    grown = identity.describe(["/d/a", "/d/b", "/d/c"], [10, 20, 5], 3)
+    # Records rewritten with the same counts.
+    assert identity.changes(saved, identity.describe(
+        ["/d/a", "/d/b"], [10, 20], 3, ["fa", "fB"])) == [
+        "1 file(s) rewritten with the same record counts (b)"]
+    # A checkpoint from before fingerprints: names and counts.
+    before = json.dumps({"seed": 3, "files": [["a", 10], ["b", 20]]},
+                        separators=(",", ":"))
+    assert identity.changes(before, saved) == []
+    grown = identity.describe(["/d/a", "/d/b", "/d/c"], [10, 20, 5], 3,
+                              ["fa", "fb", "fc"])
     # Position 45 is inside epoch 1 of 30 records: the new order (35
     # records) starts at its epoch 2, rounded up to a global batch of 8.
     assert identity.restart_position(saved, 45, grown, 8) == (72, 2)
     assert identity.restart_position(saved, 60, grown, 7) == (70, 2)
+
+
+def test_records_rewritten_with_the_same_sizes_are_another_order(tmp_path):
+    # What a writer rerun with another seed does: every file keeps its
+    # size and record count, the records move. A rename of identical files
+    # (read in the same order) is no change.
+    os.makedirs(tmp_path / "a")
+    files = write_ids(tmp_path / "a", [8, 8])
+    config = tfrecord.TFRecordConfig(files, seed=1)
+
+    def order_of(config):
+        return dataset_fns.make_dataset_fn(config, lambda *a: None)
+
+    saved = order_of(config).order()
+    os.makedirs(tmp_path / "new")
+    rewritten = write_ids(tmp_path / "new", [8], start=100)[0]
+    assert os.path.getsize(rewritten) == os.path.getsize(files[1])
+    later = os.stat(record_index.index_path(files[1])).st_mtime_ns + 10**9
+    os.utime(rewritten, ns=(later, later))
+    os.replace(rewritten, files[1])  # as writers put a shard in place
+    position, message = order_of(config).reorder(saved, 12, 4)
+    assert "1 file(s) rewritten with the same record counts " \
+           "(part-001.tfrecord)" in message
+    assert position == 16  # the next epoch of 16 records
+    current = order_of(config).order()
+    os.makedirs(tmp_path / "renamed")
+    for i, name in enumerate(files):
+        shutil.copy(name, tmp_path / "renamed" / f"shard-{i}.tfrecord")
+    renamed = tfrecord.TFRecordConfig(
+        str(tmp_path / "renamed" / "shard-*.tfrecord"), seed=1)
+    assert order_of(renamed).reorder(current, 12, 4) == (12, None)
 
 
 def test_a_positioned_input_with_another_batch_size_is_refused(tmp_path):

@@ -12,8 +12,13 @@ beside the position; a resume compares it with the run's own:
     order starts instead at the first global batch at or after the start of
     the next epoch (`restart_position`), and one line says what changed.
 
-Files are named by their base name, so a record set moved to another
-directory is the same set.
+The record set is each file's record count and content fingerprint (its
+size, offsets and every record's CRC: `index.fingerprint`), in the order the
+files are read: records rewritten in place with the same counts (a writer
+rerun with another seed) are a change; the same files moved to another
+directory or renamed, read in the same order, are not. Base names are kept
+only to say what changed. A checkpoint from before fingerprints were kept
+is compared by base names and counts.
 """
 
 import json
@@ -21,16 +26,23 @@ import os
 from typing import List, Sequence, Tuple
 
 
-def describe(files: Sequence[str], counts: Sequence[int], seed: int) -> str:
-    """The identity of an order, as the JSON text checkpoints keep."""
+def describe(files: Sequence[str], counts: Sequence[int], seed: int,
+             fingerprints: Sequence[str]) -> str:
+    """The identity of an order, as the JSON text checkpoints keep:
+    [base name, record count, content fingerprint] per file, and the seed."""
     return json.dumps({"seed": int(seed),
-                       "files": [[os.path.basename(f), int(c)]
-                                 for f, c in zip(files, counts)]},
+                       "files": [[os.path.basename(f), int(c), p[:32]]
+                                 for f, c, p in zip(files, counts,
+                                                    fingerprints)]},
                       separators=(",", ":"))
 
 
+def _content(files: list, by_fingerprint: bool) -> list:
+    return [(f[1], f[2]) if by_fingerprint else (f[0], f[1]) for f in files]
+
+
 def num_records(identity: str) -> int:
-    return sum(count for _, count in json.loads(identity)["files"])
+    return sum(f[1] for f in json.loads(identity)["files"])
 
 
 def changes(saved: str, current: str) -> List[str]:
@@ -38,9 +50,14 @@ def changes(saved: str, current: str) -> List[str]:
     if saved == current:
         return []
     before, after = json.loads(saved), json.loads(current)
+    fingerprinted = all(len(f) > 2 for f in before["files"] + after["files"])
+    if (before["seed"] == after["seed"]
+            and _content(before["files"], fingerprinted)
+            == _content(after["files"], fingerprinted)):
+        return []  # the same records in the same order (names aside)
     said = []
-    old = dict(map(tuple, before["files"]))
-    new = dict(map(tuple, after["files"]))
+    old = {f[0]: f[1] for f in before["files"]}
+    new = {f[0]: f[1] for f in after["files"]}
     added = [name for name in new if name not in old]
     removed = [name for name in old if name not in new]
     if added:
@@ -51,7 +68,15 @@ def changes(saved: str, current: str) -> List[str]:
     if resized:
         said.append(f"{len(resized)} file(s) with other record counts "
                     f"({_some(resized)})")
-    if not (added or removed or resized) and list(old) != list(new):
+    if fingerprinted:
+        old_prints = {f[0]: f[2] for f in before["files"]}
+        rewritten = [f[0] for f in after["files"]
+                     if f[0] in old and new[f[0]] == old[f[0]]
+                     and f[2] != old_prints[f[0]]]
+        if rewritten:
+            said.append(f"{len(rewritten)} file(s) rewritten with the same "
+                        f"record counts ({_some(rewritten)})")
+    if not said and before["seed"] == after["seed"]:
         said.append("the files in another order")
     records_before, records_after = sum(old.values()), sum(new.values())
     if records_before != records_after:
