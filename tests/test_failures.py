@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 
@@ -168,3 +169,21 @@ def test_two_thousand_shards_under_a_1024_descriptor_limit(corpus, tmp_path):  #
     assert "global order of 4000 records in 2000 files" in output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["num_workers"] == 2
+
+
+def test_a_worker_killed_while_writing_its_backup_restarts_from_the_last_one(
+        tmp_path):
+    # The second epoch's backup is cut short by a SIGKILL while its weights
+    # are written; the restart resumes from the first epoch's backup.
+    backup, out = tmp_path / "backup", tmp_path / "out.json"
+    command = [sys.executable, "-m", "tests.workers.backup_kill",
+               f"--backup_dir={backup}", f"--out={out}"]
+    code, output = run_command(command + ["--kill_at=2"], timeout=120)
+    assert code == -signal.SIGKILL, output
+    assert not out.exists()
+    code, output = run_command(command, timeout=120)
+    assert code == 0, output
+    result = json.loads(out.read_text())
+    assert result == {"first_step": 3, "last_step": 12}  # from epoch 1
+    # (A normal end deletes the backup, what the kill left included.)
+    assert not backup.exists() or os.listdir(backup) == []

@@ -9,7 +9,11 @@ upgrade points here. Shims whose private name is gone raise, naming it.
 """
 
 import functools
+import glob
+import json
 import os
+import shutil
+import uuid
 
 import keras
 import tensorflow as tf
@@ -405,3 +409,69 @@ def redirect_backup(callback, backup_dir: str) -> None:
     callback._prev_weights_path = callback._weights_path + ".bkp"
     callback._prev_training_metadata_path = (
         callback._training_metadata_path + ".bkp")
+
+
+@shim
+def atomic_backup(callback) -> None:
+    """Makes a `keras.callbacks.BackupAndRestore` write its backup through
+    files of its own, renamed into place when complete.
+
+    Keras 3.15's `_save_model` writes `latest.weights.h5` and the training
+    metadata in place: a process killed while writing them (a launcher's
+    SIGKILL, the OOM killer) leaves a truncated file, and the restart fails
+    in `on_train_begin`. Here the weights and the metadata are written to
+    hidden files beside them and renamed over the old ones (weights first,
+    then metadata, each rename atomic), so a kill at any point leaves the
+    previous backup or the new one.
+    """
+    names = ("_weights_path", "_training_metadata_path", "_current_epoch",
+             "_last_batch_seen", "_prev_weights_path",
+             "_prev_training_metadata_path")
+    missing = [n for n in names if not hasattr(callback, n)]
+    if missing:
+        raise RuntimeError(f"tfscale: this Keras ({keras.__version__}) has no "
+                           f"BackupAndRestore.{missing[0]} (checked with "
+                           "3.15)")
+    if getattr(callback, "_tfscale_atomic", False):
+        return
+
+    def replace(write, final):
+        folder, base = os.path.split(final)
+        # save_weights wants a name ending in .weights.h5.
+        partial = os.path.join(folder, f".{uuid.uuid4().hex}.{base}")
+        try:
+            write(partial)
+            os.replace(partial, final)
+        except BaseException:
+            if os.path.exists(partial):
+                os.remove(partial)
+            raise
+
+    def write_metadata(path):
+        with open(path, "w") as f:
+            json.dump({"epoch": callback._current_epoch,
+                       "batch": callback._last_batch_seen}, f)
+
+    def save_model():
+        os.makedirs(callback.backup_dir, exist_ok=True)
+        # What an attempt killed mid-write left (hidden, uuid-named).
+        for final in (callback._weights_path,
+                      callback._training_metadata_path):
+            folder, base = os.path.split(final)
+            for left in glob.glob(os.path.join(glob.escape(folder),
+                                               f".{'[0-9a-f]' * 32}.{base}")):
+                os.remove(left)
+        if callback.double_checkpoint:
+            for latest, previous in (
+                    (callback._weights_path, callback._prev_weights_path),
+                    (callback._training_metadata_path,
+                     callback._prev_training_metadata_path)):
+                if os.path.exists(latest):
+                    replace(lambda p, s=latest: shutil.copyfile(s, p),
+                            previous)
+        replace(lambda p: callback.model.save_weights(p, overwrite=True),
+                callback._weights_path)
+        replace(write_metadata, callback._training_metadata_path)
+
+    callback._save_model = save_model
+    callback._tfscale_atomic = True

@@ -52,6 +52,15 @@ def route_writes(callbacks, worker_dir: str) -> None:
                         getattr(callback, attribute), worker_dir))
 
 
+def make_backups_atomic(callbacks) -> None:
+    """Every BackupAndRestore writes its backup through files renamed into
+    place (`_compat.atomic_backup`): a worker killed while writing it leaves
+    the previous backup whole."""
+    for callback in callbacks:
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            _compat.atomic_backup(callback)
+
+
 def route_backup_writes(callbacks, worker_dir: str) -> None:
     """Redirects BackupAndRestore's writes after it restored from the chief.
 

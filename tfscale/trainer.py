@@ -310,6 +310,7 @@ class Trainer:
         worker_dir = None if self.is_chief else tempfile.mkdtemp(
             prefix="tfscale-worker-")
         callbacks = list(callbacks)
+        callback_files.make_backups_atomic(callbacks)
         if worker_dir:
             callback_files.route_writes(callbacks, worker_dir)
         callback_list = keras.callbacks.CallbackList(
