@@ -108,7 +108,8 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
         backend: str = "mwms", mpirun: Optional[str] = None,
         mpirun_args: Sequence[str] = (), data_service_workers: int = 0,
         data_service_dir: Optional[str] = None,
-        gpus_per_worker: Optional[int] = None, bind_gpus: bool = True) -> int:
+        gpus_per_worker: Optional[int] = None, bind_gpus: bool = True,
+        failure_grace_seconds: float = 5.0) -> int:
     """Runs `command` as `num_workers` workers until all succeed.
 
     `backend="mwms"` starts the processes with a TF_CONFIG each; "mpi" starts
@@ -221,12 +222,13 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
                           f"checkpoint saved); waiting for the others")
                 group.stop(grace_seconds, sig=None)
             else:
-                # The others cannot finish a step (or a checkpoint) without
-                # it: there is nothing to wait for.
+                # The others cannot finish a step without it; SIGTERM first
+                # lets a write in progress (a backup, a checkpoint) end
+                # before the SIGKILL `failure_grace_seconds` later.
                 _say(out, f"{who} failed ({children.describe_exit(code)})"
                           f"{workers.last_words(group, index, code)}; "
                           "stopping the other workers")
-                group.stop(0.0, sig=signal.SIGKILL)
+                group.stop(failure_grace_seconds, sig=signal.SIGTERM)
             if attempt < max_restarts:
                 _say(out, f"restart {attempt + 1}/{max_restarts}: starting "
                           f"{num_workers} workers again (cause: {who} "
@@ -282,6 +284,10 @@ def parse_args(argv: Sequence[str]):
     parser.add_argument("--grace_seconds", type=float, default=30.0,
                         help="seconds workers get to exit (and save a "
                              "checkpoint) after a signal before SIGKILL")
+    parser.add_argument("--failure_grace_seconds", type=float, default=5.0,
+                        help="after a worker fails, seconds the others get "
+                             "between SIGTERM and SIGKILL (a file being "
+                             "written is finished)")
     parser.add_argument("--gpus_per_worker", type=int, default=None,
                         help="GPUs each worker sees (CUDA_VISIBLE_DEVICES: "
                              "worker i gets GPUs i*K..i*K+K-1 of the host); "
@@ -327,7 +333,8 @@ def main(argv=None) -> int:
                    mpirun_args=shlex.split(args.mpirun_args),
                    data_service_workers=args.data_service_workers,
                    data_service_dir=args.data_service_dir,
-                   gpus_per_worker=args.gpus_per_worker)
+                   gpus_per_worker=args.gpus_per_worker,
+                   failure_grace_seconds=args.failure_grace_seconds)
     except ValueError as e:
         print(f"tfscale-launch: error: {e}", file=sys.stderr)
         return 2

@@ -279,3 +279,27 @@ def test_a_rank_that_aborts_on_a_lost_peer_is_called_a_victim():
         index, code = group.first_failure()
         assert (index, code) == (0, 14), out.getvalue()
         assert workers.last_words(group, index, code) == f": {expected}"
+
+
+def test_after_a_failure_the_others_get_sigterm_and_time_to_finish_a_write(
+        tmp_path):
+    # Worker 1 fails; worker 0 is writing a file when the launcher stops
+    # it: SIGTERM first, SIGKILL only after --failure_grace_seconds, so the
+    # write ends (a killed backup writer would leave half a file).
+    done = tmp_path / "written"
+    script = (
+        "import os, signal, sys, time\n"
+        "if os.environ['TFSCALE_WORKER_INDEX'] == '1':\n"
+        "    time.sleep(1); sys.exit(3)\n"
+        "def finish(*_):\n"
+        "    time.sleep(1.5)  # the rest of a write\n"
+        f"    open({str(done)!r}, 'w').write('whole'); sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, finish)\n"
+        "while True: time.sleep(0.1)\n")
+    code, output = run_command(
+        [sys.executable, "-m", "launch.local", "--num_workers", "2",
+         "--failure_grace_seconds", "10", "--", sys.executable, "-c",
+         script], timeout=60)
+    assert code == 3, output
+    assert "worker 1 failed (exit code 3)" in output
+    assert done.read_text() == "whole"
