@@ -6,6 +6,7 @@ simulated worker."""
 
 import os
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -443,3 +444,68 @@ def test_a_positioned_input_with_another_batch_size_is_refused(tmp_path):
                 trainer.fit(dataset_fn, steps_per_epoch=2)
         else:
             trainer.fit(dataset_fn, steps_per_epoch=2)
+
+
+class CountingOs:
+    """`os` for the reader module, counting its descriptors of `names`."""
+
+    def __init__(self, names):
+        self._names = set(names)
+        self._mine = set()
+        self._lock = threading.Lock()
+        self.now = self.most = 0
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def open(self, path, *args):
+        fd = os.open(path, *args)
+        if path in self._names:
+            with self._lock:
+                self._mine.add(fd)
+                self.now += 1
+                self.most = max(self.most, self.now)
+        return fd
+
+    def close(self, fd):
+        with self._lock:
+            if fd in self._mine:
+                self._mine.discard(fd)
+                self.now -= 1
+        os.close(fd)
+
+
+def test_the_pool_keeps_its_bound_under_parallel_readers(tmp_path,
+                                                         monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+    from input_pipelines.record_order import reader as reader_module
+    files = write_ids(tmp_path, [20] * 12)
+    counting = CountingOs(files)
+    monkeypatch.setattr(reader_module, "os", counting)
+    reader = RecordReader(files, record_index.load(files), max_open_files=4)
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, 240, 16) for _ in range(400)]
+    with ThreadPoolExecutor(8) as pool:
+        read = list(pool.map(lambda ids: decode_ids(*reader.read(ids)),
+                             batches))
+    assert read == [ids.tolist() for ids in batches]
+    assert counting.most <= 4
+    # close() waits for reads in flight instead of closing under them.
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(lambda ids: decode_ids(*reader.read(ids)), b)
+                   for b in batches[:200]]
+        reader.close()
+        assert [f.result() for f in futures] == [
+            b.tolist() for b in batches[:200]]
+    reader.close()
+    assert counting.now == 0
+
+
+def test_a_file_modified_after_its_index_is_refused(tmp_path):
+    files = write_ids(tmp_path, [5, 5])
+    reader = RecordReader(files, record_index.load(files))
+    later = os.stat(record_index.index_path(files[1])).st_mtime_ns + 10**9
+    os.utime(files[1], ns=(later, later))  # written after it was indexed
+    with pytest.raises(record_index.RecordIndexError,
+                       match=rf"{files[1]}: was modified after its index"):
+        reader.read(np.array([7]))

@@ -29,6 +29,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from input_pipelines.record_order import index as record_index
 from input_pipelines.record_order.index import (FRAME_BYTES, HEADER_BYTES,
                                                 RecordIndexError)
 
@@ -75,10 +76,16 @@ class RecordReader:
         self._sizes = [int(o[-1]) for o in offsets]
         self.max_open_files = max(1, max_open_files or
                                   default_pool_size(len(self.files)))
-        self._lock = threading.Lock()
+        # One lock for the pool; reads that find every descriptor pinned
+        # wait on it for a release rather than open past the bound.
+        self._lock = threading.Condition()
         self._open = collections.OrderedDict()  # file id -> fd, LRU first
         self._pins = collections.Counter()      # file id -> reads under way
         self._identity = {}  # file id -> (dev, inode, size, mtime) at open
+        # When each file's saved index was written (None: an index in
+        # memory): a file modified after it is not the indexed file.
+        self._indexed_at = [_mtime_ns(record_index.index_path(name))
+                            for name in self.files]
 
     def locate(self, record_ids: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """(file index, record number within the file) of each record."""
@@ -134,21 +141,30 @@ class RecordReader:
     # ---- the descriptor pool -------------------------------------------------
 
     def _acquire(self, f: int) -> int:
-        """The descriptor of file `f`, pinned until `_release(f)`."""
+        """The descriptor of file `f`, pinned until `_release(f)`. With
+        every descriptor of a full pool pinned by other reads, waits for
+        one to be released: the pool never holds more than its bound (each
+        read pins one file at a time, so a wait always ends)."""
         with self._lock:
-            fd = self._open.get(f)
-            if fd is None:
+            while True:
+                fd = self._open.get(f)
+                if fd is not None:
+                    self._open.move_to_end(f)
+                    break
                 self._make_room()
-                fd = self._open_file(f)
-                self._open[f] = fd
-            else:
-                self._open.move_to_end(f)
+                if len(self._open) < self.max_open_files:
+                    fd = self._open_file(f)
+                    self._open[f] = fd
+                    break
+                self._lock.wait()
             self._pins[f] += 1
             return fd
 
     def _release(self, f: int) -> None:
         with self._lock:
             self._pins[f] -= 1
+            if not self._pins[f]:
+                self._lock.notify_all()
 
     def _make_room(self, wanted: int = 1) -> None:
         """Closes unpinned files, least recently used first, until `wanted`
@@ -174,6 +190,9 @@ class RecordReader:
                        f"{self._sizes[f]}")
         elif identity != known:
             problem = "is another file than the one opened before"
+        elif (self._indexed_at[f] is not None
+              and info.st_mtime_ns > self._indexed_at[f]):
+            problem = "was modified after its index was written"
         if problem:
             os.close(fd)
             raise RecordIndexError(
@@ -204,10 +223,21 @@ class RecordReader:
             return len(self._open)
 
     def close(self) -> None:
+        """Closes every descriptor once the reads under way have ended (a
+        read later opens its file again)."""
         with self._lock:
+            while any(self._pins.values()):
+                self._lock.wait()
             for fd in self._open.values():
                 os.close(fd)
             self._open.clear()
+
+
+def _mtime_ns(path: str) -> Optional[int]:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
 
 
 def split_offsets(lengths: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
