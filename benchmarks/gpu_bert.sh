@@ -69,11 +69,10 @@ for v in variants:
 PYEOF
 
 if [ "${PROFILE:-1}" = 1 ]; then
-  # Six steps of the compiled bf16 step in one call, profiled.
-  # Calls: per interval of 10 steps, one call of 6 steps, then 4 timed
-  # steps one by one; the 6th call is the second interval's 6-step call.
+  # Six steps of the compiled bf16 step in one call, profiled: per log
+  # interval of 10 steps, a call of steps 1-6, then 4 timed steps one by one.
   run profile mixed_bfloat16 xla --iterations_per_loop=10 --num_train_steps=30 \
-    --profile_steps=6,6
+    --profile_steps=11,16
   $PY -m benchmarks.xplane_top "$WORK/profile" 30 > "$OUT/profile.txt" 2>&1 || true
   head -40 "$OUT/profile.txt"
 fi

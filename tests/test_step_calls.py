@@ -209,3 +209,18 @@ def test_an_input_error_inside_a_call_is_an_input_error():
 def test_steps_per_execution_must_be_positive():
     with pytest.raises(ValueError, match="steps_per_execution"):
         TrainConfig(global_batch_size=16, steps_per_execution=0)
+
+
+def test_tensorboard_counts_optimizer_steps_not_calls(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import (
+        EventAccumulator)
+    board = keras.callbacks.TensorBoard(str(tmp_path), update_freq=5)
+    train(TrainConfig(global_batch_size=16, log_steps=5,
+                      timed_steps_per_log=1, steps_per_execution=4,
+                      verbose=0), steps=12, callbacks=[board])
+    events = EventAccumulator(str(tmp_path / "train"))
+    events.Reload()
+    # Calls: steps 1-4, 5, 6-9, 10, 11-12; written every 5 steps.
+    assert [e.step for e in events.Tensors("batch_loss")] == [5, 10]
+    assert [e.step for e in events.Tensors(
+        "batch_interval_loss")] == [5, 10]

@@ -339,6 +339,35 @@ def make_trainer(*, model, optimizer, loss_fn, strategy, metrics,
         raise JobError(setting, str(e)) from None
 
 
+class ProfileSteps(keras.callbacks.Callback):
+    """TensorFlow's profiler over the calls of the compiled step that run
+    steps `first`..`last` (a call of several steps is profiled whole),
+    written where TensorBoard's profile plugin reads it."""
+
+    def __init__(self, trainer: Trainer, first: int, last: int, logdir: str):
+        super().__init__()
+        self._trainer, self._first, self._last = trainer, first, last
+        self._logdir, self._on = logdir, False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = int(self._trainer.step.numpy()) + 1  # the call's first step
+        most = self._trainer.config.steps_per_execution  # its last, at most
+        if not self._on and step <= self._last and (
+                step + most - 1 >= self._first):
+            tf.profiler.experimental.start(self._logdir)
+            self._on = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._on and int(self._trainer.step.numpy()) >= self._last:
+            tf.profiler.experimental.stop()
+            self._on = False
+
+    def on_train_end(self, logs=None):
+        if self._on:
+            tf.profiler.experimental.stop()
+            self._on = False
+
+
 def fit(trainer: Trainer, dataset_fn, steps: int, output_dir: str,
         profile_steps: Optional[Tuple[int, int]] = None,
         callbacks: Sequence[keras.callbacks.Callback] = ()) -> IntervalLog:
@@ -351,11 +380,13 @@ def fit(trainer: Trainer, dataset_fn, steps: int, output_dir: str,
         InputPipelineError: The records failed (callers name the record).
     """
     intervals = IntervalLog()
+    board = os.path.join(output_dir, "tensorboard")
     callbacks = [intervals, keras.callbacks.TerminateOnNaN(),
                  keras.callbacks.TensorBoard(
-                     os.path.join(output_dir, "tensorboard"),
-                     update_freq=trainer.config.log_steps,
-                     profile_batch=profile_steps or 0), *callbacks]
+                     board, update_freq=trainer.config.log_steps),
+                 *([ProfileSteps(trainer, *profile_steps,
+                                 os.path.join(board, "train"))]
+                   if profile_steps else []), *callbacks]
     try:
         trainer.fit(dataset_fn, steps_per_epoch=steps, epochs=1,
                     callbacks=callbacks)

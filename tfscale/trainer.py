@@ -543,6 +543,9 @@ class Trainer:
         logs = {}
         batch = step % steps_per_epoch
         while batch < steps_per_epoch:
+            # TensorBoard counts batch callbacks; its steps are the
+            # optimizer's: it adds 1 here, the call's first step.
+            _compat.continue_tensorboard_steps(callback_list.callbacks, step)
             callback_list.on_train_batch_begin(batch)
             result = self._run_steps(feed, step + 1, steps_per_epoch - batch,
                                      watch)
@@ -570,6 +573,7 @@ class Trainer:
                 logs.update(self._report(step))
             # Batch callbacks run once per call, with the last step's index
             # (as Keras's fit does with steps_per_execution).
+            _compat.continue_tensorboard_steps(callback_list.callbacks, step)
             callback_list.on_train_batch_end(batch - 1, logs)
             stop, preempt = result.stop, result.preempt
             if self.num_workers == 1:

@@ -126,11 +126,11 @@ flags.DEFINE_integer("iterations_per_loop", 100,
                      "Steps per host loop: the steps one call of the "
                      "compiled step runs (the host reads the device once per "
                      "call) and the loss/throughput log interval.", **RUN)
-flags.DEFINE_string("profile_steps", None, "Profile host loops 'first,last' "
-                    "into TensorBoard (Keras's profile_batch: with "
-                    "--iterations_per_loop N, each is a call of up to N "
-                    "steps; the last 4 steps of each loop run one at a "
-                    "time, part by part).", **RUN)
+flags.DEFINE_string("profile_steps", None, "Profile steps 'first,last' into "
+                    "TensorBoard (the calls of the compiled step that run "
+                    "them, whole: up to --iterations_per_loop steps each; "
+                    "the last 4 steps of each loop run one at a time, part "
+                    "by part).", **RUN)
 # BERT's variable groups (paths of models/bert.py's pretrainer).
 BERT_NOISE_SCALE_GROUPS = ("embeddings=_embeddings/|embedding_layer_norm,"
                            "encoder=encoder/layer_,"
