@@ -13,23 +13,29 @@ of the per-replica forward/backward (with the accumulation and the metrics)
 on this machine's CPU.
 """
 
+import argparse
 import collections
 import json
 import time
 
 import numpy as np
-from absl import app, flags
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("bert_config_file", None, "Google's bert_config.json.")
-flags.DEFINE_integer("train_batch_size", 256, "Per-replica batch.")
-flags.DEFINE_integer("max_seq_length", 128, "Sequence length.")
-flags.DEFINE_integer("max_predictions_per_seq", 20, "Masked positions.")
-flags.DEFINE_enum("precision", "mixed_bfloat16",
-                  ["float32", "mixed_bfloat16", "mixed_float16"], "Policy.")
-flags.DEFINE_integer("top", 25, "Rows of the table.")
-flags.DEFINE_bool("compile", False, "Also time XLA's compilation (CPU).")
-flags.DEFINE_string("json", None, "Also write the table here.")
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bert_config_file", required=True,
+                   help="Google's bert_config.json")
+    p.add_argument("--train_batch_size", type=int, default=256,
+                   help="per-replica batch")
+    p.add_argument("--max_seq_length", type=int, default=128)
+    p.add_argument("--max_predictions_per_seq", type=int, default=20)
+    p.add_argument("--precision", default="mixed_bfloat16",
+                   choices=["float32", "mixed_bfloat16", "mixed_float16"])
+    p.add_argument("--top", type=int, default=25, help="rows of the table")
+    p.add_argument("--compile", action="store_true",
+                   help="also time XLA's compilation on this machine")
+    p.add_argument("--json", default=None, help="also write the table here")
+    return p.parse_args()
 
 
 def features(batch, seq, preds):
@@ -101,8 +107,8 @@ def op_table(graph, by_part=None) -> list:
                   key=lambda r: -r[3])
 
 
-def main(argv):
-    del argv
+def main():
+    args = parse_args()
     import keras
     import tensorflow as tf
     from models import bert
@@ -110,10 +116,10 @@ def main(argv):
     from tfscale import precision
     from tfscale.step import unreduced
 
-    precision.set_precision(FLAGS.precision)
-    config = BertConfig.from_json_file(FLAGS.bert_config_file)
-    model = bert.make_pretrainer(config, FLAGS.max_seq_length,
-                                 FLAGS.max_predictions_per_seq)
+    precision.set_precision(args.precision)
+    config = BertConfig.from_json_file(args.bert_config_file)
+    model = bert.make_pretrainer(config, args.max_seq_length,
+                                 args.max_predictions_per_seq)
     metrics = bert.pretraining_metrics()
     loss_fn = unreduced(bert.pretraining_loss)
     variables = model.trainable_variables
@@ -128,15 +134,15 @@ def main(argv):
             m.update_state(y, pred)
         return loss, grads
 
-    x, y = features(FLAGS.train_batch_size, FLAGS.max_seq_length,
-                    FLAGS.max_predictions_per_seq)
+    x, y = features(args.train_batch_size, args.max_seq_length,
+                    args.max_predictions_per_seq)
     graph = tf.function(step).get_concrete_function(x, y).graph
     parts = {}
     table = op_table(graph, parts)
     total = sum(r[2] for r in table)
-    print(f"{FLAGS.precision}, batch {FLAGS.train_batch_size}: {total} ops")
+    print(f"{args.precision}, batch {args.train_batch_size}: {total} ops")
     print(f"{'op':<28}{'dtype':<10}{'ops':>6}{'elements written':>20}")
-    for t, d, c, n in table[:FLAGS.top]:
+    for t, d, c, n in table[:args.top]:
         print(f"{t:<28}{d:<10}{c:>6}{n:>20,}")
     matmul = sum(n for t, _, _, n in table if t in MATMULS)
     elementwise = sum(parts.values())
@@ -145,11 +151,11 @@ def main(argv):
           "of which:")
     for part, n in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"  {part:<20}{n:>20,}  {100 * n / elementwise:5.1f}%")
-    if FLAGS.json:
-        with open(FLAGS.json, "w") as f:
+    if args.json:
+        with open(args.json, "w") as f:
             json.dump([dict(op=t, dtype=d, ops=c, elements=n)
                        for t, d, c, n in table], f, indent=1)
-    if FLAGS.compile:
+    if args.compile:
         # The first call traces, compiles and runs; the second only runs.
         compiled = tf.function(step, jit_compile=True)
         start = time.perf_counter()
@@ -167,4 +173,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    main()
