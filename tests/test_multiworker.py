@@ -11,13 +11,14 @@ import json
 import os
 import re
 import socket
+import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
 
-from tests.conftest import run_command, run_workers
+from tests.conftest import REPO, run_command, run_workers
 
 pytestmark = pytest.mark.slow
 WORKER = ["tests.workers.train_worker"]
@@ -225,6 +226,31 @@ def test_unreachable_peer_fails_within_the_connect_timeout(tmp_path):
     from tests.test_launch import processes_mentioning
     assert processes_mentioning(str(tmp_path)) == []  # no worker left
     assert processes_mentioning("_watchdog.py") == []  # nor its watchdog
+
+
+def test_a_peer_killed_with_no_launcher_ends_the_others_naming_it(tmp_path):
+    # Workers started by hand (as srun or a Kubernetes pod starts them):
+    # nobody stops the survivor; its collective fails, and its last line
+    # names the peer it lost, well within the collective timeout.
+    ports = free_ports(2)
+    procs = []
+    for index in range(2):
+        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2",
+                   TF_CONFIG=json.dumps({
+                       "cluster": {"worker": [f"127.0.0.1:{p}"
+                                              for p in ports]},
+                       "task": {"type": "worker", "index": index}}))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", *WORKER, "--out", str(tmp_path),
+             "--steps", "200", "--crash_at", "3",
+             "--collective_timeout", "60"], env=env, cwd=REPO,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert procs[1].returncode == -9  # killed itself at step 3
+    assert procs[0].returncode == 1, outputs[0][-3000:]
+    last = outputs[0].strip().splitlines()[-1]
+    assert last.startswith("tfscale: worker 0 failed: ") and (
+        "(lost peer: worker 1); ending the job" in last), last
 
 
 def test_three_workers_leave_together_when_the_chief_is_last_to_finish():

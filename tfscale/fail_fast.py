@@ -55,6 +55,21 @@ def error_line(kind, value) -> str:
     return f"{kind.__name__}: {message}" if message else kind.__name__
 
 
+_PEER = re.compile(r"/job:worker/replica:\d+/task:(\d+)")
+
+
+def failed_peers(value, own: str) -> list:
+    """The workers a collective's error names (`/job:worker/.../task:N`,
+    the peer whose connection broke or that stopped sending heartbeats),
+    as "worker N", this process (`own`) left out."""
+    peers = []
+    for index in _PEER.findall(str(value)):
+        name = f"worker {index}"
+        if name != own and name not in peers:
+            peers.append(name)
+    return peers
+
+
 def install(who: str, abort=None) -> None:
     """Makes an uncaught exception end this worker (and so the job) at once.
 
@@ -74,8 +89,10 @@ def install(who: str, abort=None) -> None:
 
     def hook(kind, value, traceback):
         previous(kind, value, traceback)
-        sys.stderr.write(f"tfscale: {who} failed: {error_line(kind, value)}; "
-                         "ending the job\n")
+        peers = failed_peers(value, who)
+        lost = f" (lost peer: {', '.join(peers)})" if peers else ""
+        sys.stderr.write(f"tfscale: {who} failed: {error_line(kind, value)}"
+                         f"{lost}; ending the job\n")
         end(1, abort)
 
     setattr(hook, _MARK, True)
