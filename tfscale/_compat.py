@@ -388,6 +388,17 @@ def restored_epoch(model):
 
 
 @shim
+def _require_backup_attributes(callback, names) -> None:
+    """Raises naming the first of BackupAndRestore's private `names` this
+    Keras lacks."""
+    missing = [n for n in names if not hasattr(callback, n)]
+    if missing:
+        raise RuntimeError(f"tfscale: this Keras ({keras.__version__}) has no "
+                           f"BackupAndRestore.{missing[0]} (checked with "
+                           "3.15)")
+
+
+@shim
 def redirect_backup(callback, backup_dir: str) -> None:
     """Points a `keras.callbacks.BackupAndRestore`'s writes at `backup_dir`.
 
@@ -395,13 +406,9 @@ def redirect_backup(callback, backup_dir: str) -> None:
     (the weights, the training metadata and their ".bkp" copies), so setting
     `backup_dir` later moves nothing by itself.
     """
-    names = ("_weights_path", "_training_metadata_path", "_prev_weights_path",
-             "_prev_training_metadata_path")
-    missing = [n for n in names if not hasattr(callback, n)]
-    if missing:
-        raise RuntimeError(f"tfscale: this Keras ({keras.__version__}) has no "
-                           f"BackupAndRestore.{missing[0]} (checked with "
-                           "3.15)")
+    _require_backup_attributes(callback, (
+        "_weights_path", "_training_metadata_path", "_prev_weights_path",
+        "_prev_training_metadata_path"))
     callback.backup_dir = backup_dir
     callback._weights_path = os.path.join(backup_dir, "latest.weights.h5")
     callback._training_metadata_path = os.path.join(
@@ -424,14 +431,10 @@ def atomic_backup(callback) -> None:
     then metadata, each rename atomic), so a kill at any point leaves the
     previous backup or the new one.
     """
-    names = ("_weights_path", "_training_metadata_path", "_current_epoch",
-             "_last_batch_seen", "_prev_weights_path",
-             "_prev_training_metadata_path")
-    missing = [n for n in names if not hasattr(callback, n)]
-    if missing:
-        raise RuntimeError(f"tfscale: this Keras ({keras.__version__}) has no "
-                           f"BackupAndRestore.{missing[0]} (checked with "
-                           "3.15)")
+    _require_backup_attributes(callback, (
+        "_weights_path", "_training_metadata_path", "_current_epoch",
+        "_last_batch_seen", "_prev_weights_path",
+        "_prev_training_metadata_path"))
     if getattr(callback, "_tfscale_atomic", False):
         return
 
