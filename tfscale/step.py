@@ -329,9 +329,12 @@ class TrainStep:
             skipped = tf.constant(0.0)
         else:
             # The same decision on every worker: `finite` is computed from
-            # the all-reduced gradients. The update is a `merge_call` under
-            # a strategy, which cannot sit in a `cond` inside a replica
-            # function (DESIGN fact 7): the `cond` is at this level.
+            # the all-reduced gradients. Keras's update is a `merge_call`
+            # under a strategy, and TensorFlow refuses a `merge_call` inside
+            # a `cond` in a replica function ("merge_call called while
+            # defining a new graph", tried under MWMS and Mirrored; Keras's
+            # own gradient accumulation fails the same way,
+            # keras-team/keras#20582): the `cond` is at this level.
             finite = self._local(finite)
 
             def update():
