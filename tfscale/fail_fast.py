@@ -34,24 +34,34 @@ from launch.constants import PREEMPTED_EXIT_CODE
 _MARK = "_tfscale_fail_fast"
 
 
-# Lines of TensorFlow's error texts that say where, not what.
+# Lines of TensorFlow's error texts that say where, not what; and the
+# "(0) INVALID_ARGUMENT: " prefix of each root error of a compiled call.
 _WHERE = re.compile(r"^(Graph execution error:|Detected at node|File \"|"
-                    r"Additional GRPC error|The error could be from|\[\[)")
+                    r"Additional GRPC error|The error could be from|\[\[|"
+                    r"<stack traces unavailable>|\d+ root error\(s\) found|"
+                    r"\d+ successful operations|\d+ derived errors)")
+_ROOT = re.compile(r"^\(\d+\) [A-Z_]+:\s*")
 _MAX_CHARS = 300
 
 
-def error_line(kind, value) -> str:
-    """`Kind: message` on one line: the first line of the message that
-    says what went wrong (TensorFlow's errors open with where it was
-    detected and the Python stack of the op), without TensorFlow's op tags.
-    """
-    lines = [line.strip() for line in str(value).splitlines()]
+def cause(message: str) -> str:
+    """The first line of an error message that says what went wrong
+    (TensorFlow's errors open with where it was detected, the Python stack
+    of the op and, from a compiled call, root-error counts), without
+    TensorFlow's op tags."""
+    lines = [_ROOT.sub("", line.strip()) for line in str(message).splitlines()]
     said = [line for line in lines if line and not _WHERE.match(line)]
-    message = said[0] if said else ""
-    message = re.sub(r"\s*\[Op:[^\]]*\]", "",
-                     re.sub(r"\{\{[^}]*\}\}\s*", "", message)).strip()
-    if len(message) > _MAX_CHARS:
-        message = message[:_MAX_CHARS - 3] + "..."
+    text = said[0] if said else ""
+    text = re.sub(r"\s*\[Op:[^\]]*\]", "",
+                  re.sub(r"\{\{[^}]*\}\}\s*", "", text)).strip()
+    if len(text) > _MAX_CHARS:
+        text = text[:_MAX_CHARS - 3] + "..."
+    return text
+
+
+def error_line(kind, value) -> str:
+    """`Kind: message` on one line (`cause`)."""
+    message = cause(str(value))
     return f"{kind.__name__}: {message}" if message else kind.__name__
 
 

@@ -27,10 +27,11 @@ line, the entry points leave with `os._exit` once every file is flushed
 (`tfscale.edge.leave`; `python -m benchmarks.exit_time`).
 """
 
-import re
 import threading
 
 import tensorflow as tf
+
+from tfscale import fail_fast
 
 
 def delete_in_background(holder: list) -> None:
@@ -110,21 +111,5 @@ def is_input_error(error: tf.errors.OpError) -> bool:
 def input_error(error: tf.errors.OpError) -> InputPipelineError:
     """An `InputPipelineError` with the line of TensorFlow's message that
     says what went wrong (a compiled call's error wraps it in lines about
-    graphs, nodes and root errors)."""
-    return InputPipelineError(first_cause(error.message))
-
-
-_NOISE = re.compile(r"^(Graph execution error:|Detected at node|"
-                    r"<stack traces unavailable>|\d+ root error\(s\) found|"
-                    r"\[\[|\d+ successful operations|\d+ derived errors)")
-_ROOT = re.compile(r"^\(\d+\) [A-Z_]+:\s*")
-
-
-def first_cause(message: str) -> str:
-    """The first line of an error message that is not TensorFlow's framing
-    ("Graph execution error:", node names, root-error counts)."""
-    for line in (message or "").splitlines():
-        line = _ROOT.sub("", line.strip())
-        if line and not _NOISE.match(line):
-            return line
-    return (message or "").strip()
+    graphs, nodes and root errors: `fail_fast.cause`)."""
+    return InputPipelineError(fail_fast.cause(error.message))
