@@ -7,10 +7,14 @@ vocabulary learning are tensorflow-text's. The entry point with flags is
 `create_pretraining_data`.
 """
 
+import array
 import dataclasses
+import glob
 import os
 import random
-from typing import List, Sequence
+import struct
+import uuid
+from typing import Iterator, List, Sequence
 
 RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -118,23 +122,29 @@ def instances_from_document(documents, index, config: InstanceConfig,
     return instances
 
 
-def create_instances(documents, config: InstanceConfig, ids: SpecialIds,
-                     rng: random.Random, progress=None) -> List[Instance]:
-    """All instances: `dupe_factor` passes over every document, shuffled.
-    `progress(n)` (optional) hears of every 64 documents done."""
-    documents = [d for d in documents if d]
-    instances = []
+def iter_instances(documents, config: InstanceConfig, ids: SpecialIds,
+                   rng: random.Random, progress=None) -> Iterator[Instance]:
+    """The instances of `dupe_factor` passes over every (non-empty)
+    document, in the order they are made. `progress(n)` (optional) hears of
+    every 64 documents done."""
     done = 0
     for _ in range(config.dupe_factor):
         for index in range(len(documents)):
-            instances.extend(instances_from_document(documents, index, config,
-                                                     ids, rng))
+            yield from instances_from_document(documents, index, config, ids,
+                                               rng)
             done += 1
             if progress and done == 64:
                 progress(done)
                 done = 0
     if progress:
         progress(done)
+
+
+def create_instances(documents, config: InstanceConfig, ids: SpecialIds,
+                     rng: random.Random, progress=None) -> List[Instance]:
+    """All instances, shuffled (Google's order; in memory)."""
+    documents = [d for d in documents if d]
+    instances = list(iter_instances(documents, config, ids, rng, progress))
     rng.shuffle(instances)
     return instances
 
@@ -161,15 +171,162 @@ def load_vocab(path: str) -> list:
 
 def tokenize(sentences: Sequence[str], vocab_file: str, lower_case=True):
     """Sentences -> lists of WordPiece ids (tensorflow-text, batched)."""
+    tokenizer = _tokenizer(vocab_file, lower_case)
+    ids = []
+    for start in range(0, len(sentences), TOKENIZE_BATCH):
+        ids.extend(_tokenize(tokenizer, sentences[start:start + TOKENIZE_BATCH]))
+    return ids
+
+
+TOKENIZE_BATCH = 4096  # sentences per tokenizer call
+
+
+def _tokenizer(vocab_file: str, lower_case: bool):
     import tensorflow as tf
     import tensorflow_text as text
-    tokenizer = text.BertTokenizer(vocab_file, lower_case=lower_case,
-                                   token_out_type=tf.int64)
-    ids = []
-    for start in range(0, len(sentences), 4096):
-        batch = tf.constant(list(sentences[start:start + 4096]))
-        ids.extend(tokenizer.tokenize(batch).merge_dims(-2, -1).to_list())
-    return ids
+    return text.BertTokenizer(vocab_file, lower_case=lower_case,
+                              token_out_type=tf.int32)
+
+
+def _tokenize(tokenizer, sentences: Sequence[str]) -> List[List[int]]:
+    import tensorflow as tf
+    return tokenizer.tokenize(tf.constant(list(sentences))).merge_dims(
+        -2, -1).to_list()
+
+
+class TokenStore:
+    """Tokenized documents in a file of int32 ids, read back one document
+    at a time (`store[i]`: a list of sentences, each a list of ids): a
+    shard's documents take 16 bytes a sentence in memory, not their
+    tokens. Random next sentences need any document of the shard at any
+    time, as in Google's tool, which holds them all.
+    """
+
+    def __init__(self, path: str):
+        self._path = path
+        self._file = open(path, "w+b")
+        self._sentence_ends = array.array("q")  # token offsets
+        self._document_ends = array.array("q", [0])  # sentence offsets
+        self.tokens = 0
+        self._unflushed = False
+
+    def add(self, sentences: List[List[int]]) -> None:
+        """Appends one document (empty sentences dropped; an empty document
+        is not stored)."""
+        sentences = [s for s in sentences if s]
+        if not sentences:
+            return
+        for sentence in sentences:
+            self._file.write(array.array("i", sentence).tobytes())
+            self.tokens += len(sentence)
+            self._sentence_ends.append(self.tokens)
+        self._document_ends.append(len(self._sentence_ends))
+        self._unflushed = True
+
+    def __len__(self) -> int:
+        return len(self._document_ends) - 1
+
+    def __getitem__(self, index: int) -> List[List[int]]:
+        if self._unflushed:
+            self._file.flush()  # pread reads the file, not the buffer
+            self._unflushed = False
+        first, last = self._document_ends[index], self._document_ends[index + 1]
+        start = self._sentence_ends[first - 1] if first else 0
+        ids = array.array("i")
+        ids.frombytes(os.pread(self._file.fileno(),
+                               4 * (self._sentence_ends[last - 1] - start),
+                               4 * start))
+        sentences, at = [], 0
+        for end in self._sentence_ends[first:last]:
+            sentences.append(ids[at:end - start].tolist())
+            at = end - start
+        return sentences
+
+    def close(self) -> None:
+        self._file.close()
+        os.remove(self._path)
+
+
+def _tokenized(tokenizer, sources, store: TokenStore, progress) -> None:
+    """Tokenizes documents into `store`, TOKENIZE_BATCH sentences a call."""
+    batch: List[List[str]] = []
+
+    def flush():
+        if not batch:
+            return
+        ids = iter(_tokenize(tokenizer, [s for d in batch for s in d]))
+        for document in batch:
+            store.add([next(ids) for _ in document])
+        batch.clear()
+        progress(0)
+    sentences = 0
+    for document in sources:
+        batch.append(document)
+        sentences += len(document)
+        if sentences >= TOKENIZE_BATCH:
+            flush()
+            sentences = 0
+    flush()
+
+
+# Instances are shuffled through spill files of about this size: a shard of
+# any size takes one spill's records in memory (and the spill buffers).
+SPILL_BYTES = 16 << 20
+_BUFFER_BYTES = 4 << 20
+
+
+def shuffled(records: Iterator[bytes], spills: int, rng: random.Random,
+             assign: random.Random, stem: str) -> Iterator[bytes]:
+    """`records` in a uniformly random order, holding about 1/`spills` of
+    them at a time: each record goes to a random one of `spills` files
+    (`assign`), then each file's records are shuffled (`rng`) in turn. With
+    one spill this is `rng.shuffle` of the list, in memory, as Google's
+    tool does."""
+    buffers: List[List[bytes]] = [[] for _ in range(spills)]
+    paths = [f"{stem}.spill-{k}.incomplete" for k in range(spills)]
+    buffered = 0
+    try:
+        for record in records:
+            k = assign.randrange(spills) if spills > 1 else 0
+            buffers[k].append(record)
+            buffered += len(record)
+            if spills > 1 and buffered >= _BUFFER_BYTES:
+                for path, buffer in zip(paths, buffers):
+                    _append_spill(path, buffer)
+                    buffer.clear()
+                buffered = 0
+        for path, buffer in zip(paths, buffers):
+            if not os.path.exists(path):  # one spill: Google's shuffle
+                rng.shuffle(buffer)
+                yield from buffer
+                buffer.clear()
+                continue
+            _append_spill(path, buffer)
+            buffer.clear()
+            with open(path, "rb") as f:
+                data = f.read()
+            os.remove(path)
+            # The spill's bytes and their offsets, not a list of records.
+            offsets, at = [], 0
+            while at < len(data):
+                (size,) = struct.unpack_from("<I", data, at)
+                offsets.append((at + 4, at + 4 + size))
+                at += 4 + size
+            rng.shuffle(offsets)
+            view = memoryview(data)
+            for start, end in offsets:
+                yield bytes(view[start:end])
+            del view, data
+    finally:
+        for path in paths:
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def _append_spill(path: str, records: List[bytes]) -> None:
+    if records:
+        with open(path, "ab") as f:
+            f.write(b"".join(struct.pack("<I", len(r)) + r for r in records))
 
 
 def shard_names(output_file: str, num_shards: int) -> list:
@@ -185,38 +342,77 @@ def serialized(instances, spec):
                                  inst.is_random_next, spec)
 
 
+
 @dataclasses.dataclass(frozen=True)
 class ShardTask:
     """One output shard: bucket `bucket` of the bucketed corpus in `workdir`
-    (`prepare/buckets.py`, `files` parts) and how to make instances of its
-    documents (picklable: it goes to a worker)."""
+    (`prepare/buckets.py`: its (part, start, end) `ranges`) and how to make
+    instances of its documents (picklable: it goes to a worker)."""
 
     name: str
     workdir: str
-    files: int
-    bucket: int
+    ranges: tuple
     vocab_file: str
     lower_case: bool
     config: InstanceConfig
     ids: SpecialIds
     seed: str
     spec: object
+    piece_bytes: int
 
 
 def write_instance_shard(task: ShardTask, progress) -> tuple:
-    """Reads the shard's bucket, tokenizes its documents, makes their
-    instances with the shard's own random stream (random next sentences
-    come from the same shard's documents, which are drawn from every input
-    file) and writes them. Returns (documents, instances)."""
-    from input_pipelines.prepare import buckets
-    sources = buckets.read_bucket(task.workdir, task.files, task.bucket)
-    sentences = [s for d in sources for s in d]
-    tokens = iter(tokenize(sentences, task.vocab_file, task.lower_case))
-    documents = [[t for t in (next(tokens) for _ in d) if t]
-                 for d in sources]
-    instances = create_instances(documents, task.config, task.ids,
-                                 random.Random(task.seed), progress)
+    """Reads the shard's bucket a piece at a time, tokenizes its documents
+    into a `TokenStore`, makes their instances with the shard's own random
+    stream (random next sentences come from the same shard's documents,
+    which are drawn from every input file) and streams them, shuffled
+    through spill files, to the writer. Returns (documents, instances).
+    The bytes are those of Google's in-memory order when the shard's
+    records fit in one spill (SPILL_BYTES)."""
     from input_pipelines import shard_writer
-    shard_writer.write_shard(task.name, serialized(instances, task.spec),
-                             lambda n: None)
-    return len(sources), len(instances)
+    from input_pipelines.bert_records import serialize_instance
+    from input_pipelines.prepare import buckets
+    stem = os.path.join(task.workdir, f"{os.path.basename(task.name)}."
+                                      f"{uuid.uuid4().hex}")
+    store = TokenStore(f"{stem}.tokens.incomplete")
+    sources = [0]
+
+    def counted():
+        for document in buckets.read_bucket(task.workdir, task.ranges,
+                                            task.piece_bytes):
+            sources[0] += 1
+            yield document
+    try:
+        _tokenized(_tokenizer(task.vocab_file, task.lower_case), counted(),
+                   store, progress)
+        rng = random.Random(task.seed)
+        full = serialize_instance([0] * task.config.max_seq_length,
+                                  [0] * task.config.max_seq_length,
+                                  [0] * task.config.max_predictions_per_seq,
+                                  [0] * task.config.max_predictions_per_seq,
+                                  False, task.spec)
+        # About one instance per (max_seq_length - 3) tokens and per
+        # document and pass; the spill count follows from the data alone,
+        # so the bytes do not depend on any memory setting.
+        estimate = task.config.dupe_factor * (
+            store.tokens // max(1, task.config.max_seq_length - 3)
+            + len(store)) * len(full)
+        spills = max(1, -(-estimate // SPILL_BYTES))
+        made = [0]
+
+        def records():
+            for inst in iter_instances(store, task.config, task.ids, rng,
+                                       progress):
+                made[0] += 1
+                yield serialize_instance(
+                    inst.tokens, inst.segment_ids, inst.masked_lm_positions,
+                    inst.masked_lm_ids, inst.is_random_next, task.spec)
+        shard_writer.write_shard(
+            task.name, shuffled(records(), spills, rng,
+                                random.Random(f"{task.seed}/spills"), stem),
+            lambda n: None)
+    finally:
+        store.close()
+        for leftover in glob.glob(glob.escape(stem) + ".*incomplete"):
+            os.remove(leftover)
+    return sources[0], made[0]

@@ -78,7 +78,8 @@ def main(argv: Sequence[str]):
             bounding_box_file=FLAGS.bounding_box_file, seed=FLAGS.seed,
             num_processes=(FLAGS.num_processes if FLAGS.num_threads is None
                            else FLAGS.num_threads),
-            scheduler=FLAGS.scheduler, scheduler_file=FLAGS.scheduler_file)
+            scheduler=FLAGS.scheduler, scheduler_file=FLAGS.scheduler_file,
+            worker_memory=FLAGS.worker_memory)
         result = build(config, show_progress=FLAGS.progress)
     except (ValueError, tf.errors.NotFoundError, engine.TaskError) as e:
         message = getattr(e, "message", None) or str(e)

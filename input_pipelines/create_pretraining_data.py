@@ -17,19 +17,25 @@ passes with different masks.
 At scale, in two stages of tasks (`input_pipelines/prepare`), run in this
 process, in local processes (a Dask LocalCluster; --num_processes) or on a
 running Dask scheduler's workers (--scheduler, --scheduler_file: SLURM,
-Kubernetes): each input file (plain or .gz) is read by one task, which puts
-each document in a bucket by a stable hash of (seed, document); each bucket
-then becomes one output shard `<stem>-00000-of-0000N<ext>` (tokenization,
-instances with the shard's own seed, random next sentences drawn from the
-same shard, serialization). Every shard mixes documents of every input
-file, and no process holds more than one input file or one bucket: the
-client only lists the files. The bytes are the same whatever runs the
-tasks. A progress bar shows each stage's progress, rate and ETA; the last
-line reports documents/s. A shard appears under its name only when
-complete, and a rerun of the same command after a crash (same inputs by
-name, size and time, vocab and flags: the digest in
+Kubernetes): each input file (plain or .gz) is read by one task, a piece of
+about --piece_mb at a time cut at document boundaries, which puts each
+document in a bucket by a stable hash of (seed, document); each bucket then
+becomes one output shard `<stem>-00000-of-0000N<ext>` (tokenization into a
+file of ids, instances with the shard's own seed, random next sentences
+drawn from the same shard, streamed to the writer through a shuffle of
+spill files). Every shard mixes documents of every input file. Memory per
+task is about --piece_mb plus 16 bytes per sentence of its shard, whatever
+the input's size (benchmarks/README.md has the measured peaks); a task that
+kills its worker anyway (--worker_memory) ends the job with one line naming
+its input and that limit. The client only lists the files and hands each
+stage-two task its byte ranges. The bytes are the same whatever runs the
+tasks and whatever --piece_mb is. A progress bar shows each stage's
+progress, rate and ETA; the last line reports documents/s. A shard appears
+under its name only when complete, and a rerun of the same command after a
+crash (same inputs by name, size and time, vocab and flags: the digest in
 `.<stem>.manifest.json`) keeps the complete shards and writes only the
-missing ones, with the same bytes as an uninterrupted run.
+missing ones, with the same bytes as an uninterrupted run. After an error
+the running tasks are stopped and every temporary file is removed.
 """
 
 import dataclasses
@@ -62,6 +68,10 @@ flags.DEFINE_integer("num_output_shards", 1, "Output files.")
 flags.DEFINE_integer("num_processes", 0, "Writer processes (0: one per "
                      "core; fewer for small corpora).")
 flags.DEFINE_integer("num_threads", None, "Deprecated: --num_processes.")
+flags.DEFINE_integer("piece_mb", buckets.PIECE_BYTES >> 20, "Memory: input "
+                     "files and buckets are read this many MiB at a time, "
+                     "cut at document boundaries (the bytes written do not "
+                     "depend on it).")
 flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
 engine.define_flags(flags)
 
@@ -81,11 +91,13 @@ def main(argv):
         if not getattr(FLAGS, name):
             sys.exit(f"create_pretraining_data: error: --{name} is required")
     try:
-        engine_config = engine.EngineConfig(
-            FLAGS.scheduler, FLAGS.scheduler_file,
-            FLAGS.num_threads or FLAGS.num_processes)
+        engine_config = engine.config_from_flags(
+            FLAGS, FLAGS.num_threads or FLAGS.num_processes)
     except ValueError as e:
         sys.exit(f"create_pretraining_data: error: {e}")
+    if FLAGS.piece_mb < 1:
+        sys.exit("create_pretraining_data: error: --piece_mb must be >= 1")
+    piece_bytes = FLAGS.piece_mb << 20
     if FLAGS.num_output_shards < 1 or FLAGS.dupe_factor < 1:
         sys.exit("create_pretraining_data: error: --num_output_shards and "
                  "--dupe_factor must be >= 1")
@@ -148,7 +160,7 @@ def main(argv):
     leftovers = shard_writer.remove_leftovers(names)
     todo = [g for g in range(shards) if g not in kept]
     # One set of processes for both stages: one per core, but no more than
-    # the corpus pays back (about DOCUMENTS_PER_PROCESS documents each).
+    # the corpus pays back (CORPUS_BYTES_PER_PROCESS each).
     processes = engine.processes_for(
         engine_config.processes, len(todo),
         sum(size for _, size, _ in stats) if todo else 0,
@@ -157,10 +169,11 @@ def main(argv):
         with engine.Session(engine_config, processes) as session:
             # Stage one: every input file's documents into the shards' buckets.
             parts = session.run(
-                [buckets.SplitTask(name, i, shards, FLAGS.random_seed, workdir)
+                [buckets.SplitTask(name, i, shards, FLAGS.random_seed, workdir,
+                                   piece_bytes)
                  for i, name in enumerate(inputs)] if todo else [],
                 buckets.split_file, work=[1] * (len(inputs) if todo else 0),
-                describe=lambda t: os.path.basename(t.path), unit="input file",
+                describe=lambda t: t.path, unit="input file",
                 show_progress=FLAGS.progress)
             per_bucket = [sum(p["documents"][g] for p in parts)
                           for g in range(shards)]
@@ -170,16 +183,22 @@ def main(argv):
                          "of --input_file")
             # Stage two: one bucket -> one output shard.
             results = session.run(
-                [bi.ShardTask(names[g], workdir, len(inputs), g, FLAGS.vocab_file,
-                              FLAGS.do_lower_case, config, ids,
-                              f"{FLAGS.random_seed}/{g}", spec) for g in todo],
+                [bi.ShardTask(names[g], workdir,
+                              tuple(buckets.bucket_ranges(parts, g)),
+                              FLAGS.vocab_file, FLAGS.do_lower_case, config,
+                              ids, f"{FLAGS.random_seed}/{g}", spec,
+                              piece_bytes) for g in todo],
                 bi.write_instance_shard,
                 work=[per_bucket[g] * FLAGS.dupe_factor for g in todo],
                 describe=lambda t: os.path.basename(t.name), unit="document",
                 show_progress=FLAGS.progress)
     except (OSError, ValueError, engine.TaskError) as e:
         sys.exit(f"create_pretraining_data: error: {e}")
-    leftovers += shard_writer.remove_leftovers(names)
+    finally:
+        # No attempt runs now (after an error the engine stops the running
+        # tasks and waits for them): what they left half-written goes.
+        leftovers += shard_writer.remove_leftovers(names)
+        leftovers += buckets.remove_leftovers(workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     seconds = time.monotonic() - start
     made = sum(r[0] for r in results)

@@ -56,6 +56,8 @@ class WriterConfig:
             imports TensorFlow, a few seconds); 1 writes in this process.
         scheduler, scheduler_file: Write on a running Dask scheduler's
             workers instead (`prepare/engine.py`).
+        worker_memory: Each local writer process's memory limit (Dask's
+            words: "2GB", "auto").
         jpeg_quality: Quality of re-encoded non-JPEG images.
     """
 
@@ -73,6 +75,7 @@ class WriterConfig:
     jpeg_quality: int = 95
     scheduler: Optional[str] = None
     scheduler_file: Optional[str] = None
+    worker_memory: str = "auto"
 
     def __post_init__(self):
         if self.num_shards < 1 or self.num_processes < 0:
@@ -314,14 +317,19 @@ def build(config: WriterConfig, show_progress: bool = False) -> WriteResult:
     todo = [tasks[i] for i in range(shards) if i not in kept]
     kept_images = sum(len(tasks[i].items) for i in kept)
     leftovers = shard_writer.remove_leftovers(names)
-    written = sum(engine.run(
-        todo, _write_shard, config=engine.EngineConfig(
-            config.scheduler, config.scheduler_file, config.num_processes),
-        work=[len(t.items) for t in todo],
-        work_per_process=IMAGES_PER_PROCESS,
-        describe=lambda t: os.path.basename(t.name),
-        show_progress=show_progress, unit="image", initial=kept_images))
-    leftovers += shard_writer.remove_leftovers(names)
+    try:
+        written = sum(engine.run(
+            todo, _write_shard, config=engine.EngineConfig(
+                config.scheduler, config.scheduler_file,
+                config.num_processes, config.worker_memory),
+            work=[len(t.items) for t in todo],
+            work_per_process=IMAGES_PER_PROCESS,
+            describe=lambda t: os.path.basename(t.name),
+            show_progress=show_progress, unit="image", initial=kept_images))
+    finally:
+        # No attempt runs now (the engine waits for them after an error):
+        # what they left half-written goes.
+        leftovers += shard_writer.remove_leftovers(names)
     with tf.io.gfile.GFile(labels_txt, "w") as f:
         f.write("".join(f"{name}\n" for name in classes))
     return WriteResult(names, written, kept_images, len(kept),

@@ -41,8 +41,7 @@ def main(argv):
     from input_pipelines import record_files
     try:
         files = record_files.expand_files(argv[1:])
-        config = engine.EngineConfig(FLAGS.scheduler, FLAGS.scheduler_file,
-                                     FLAGS.num_processes)
+        config = engine.config_from_flags(FLAGS, FLAGS.num_processes)
     except ValueError as e:
         sys.exit(f"index_records: error: {e}")
     sizes = [os.path.getsize(f) for f in files]

@@ -8,10 +8,14 @@
   missing ones, and the bytes are the one-process run's.
 - A bad image fails the job naming the image, the shard and the worker.
 - The indexer's tasks run on the same workers.
+- A failed task stops the running ones (their temporary files gone when
+  the job ends); a task that kills its worker ends in one line naming the
+  memory limit (a LocalCluster).
 
-And the BERT writer's first stage on its own: documents of every input file
+And the BERT writer's stages on their own: documents of every input file
 (plain or gzip) in every bucket, by a stable hash; bytes that are not UTF-8
-named.
+named; pieces cut at documents with the bytes of one read; a shard streamed
+through spill files with Google's in-memory order when it fits in one.
 """
 
 import gzip
@@ -340,7 +344,8 @@ def test_buckets_mix_documents_of_every_file_stably(tmp_path):
     assert sum(sum(p["documents"]) for p in parts) == 80
     sources = set()
     for bucket in range(4):
-        documents = buckets.read_bucket(str(work), 2, bucket)
+        documents = list(buckets.read_bucket(
+            str(work), buckets.bucket_ranges(parts, bucket)))
         sources |= {(bucket, d[0].split()[1]) for d in documents}
         assert all(len(d) == 2 for d in documents)
     # Every bucket holds documents of both files.
@@ -363,3 +368,129 @@ def test_buckets_mix_documents_of_every_file_stably(tmp_path):
                                          "not UTF-8"):
         buckets.split_file(buckets.SplitTask(str(bad), 2, 4, 7, str(work)),
                            lambda n: None)
+
+
+@pytest.mark.slow
+def test_a_failed_task_stops_the_running_ones_and_leaves_no_temporary_file(
+        tmp_path):
+    # A real LocalCluster of two processes: one task fails after 1 s while
+    # the other is writing a 20 s shard. When `run` raises, the writer has
+    # already stopped (told by the job's event; it says how it ended) and
+    # its temporary file is gone: nothing is still writing into the folder.
+    from input_pipelines.prepare import engine
+    from tests.workers import engine_tasks
+    tasks = [("write", str(tmp_path), "train-00000-of-00002"),
+             ("fail", str(tmp_path), "train-00001-of-00002")]
+    with pytest.raises(ValueError, match=r"train-00001-of-00002: broken "
+                                         r"input \(task train-00001"):
+        engine.run(tasks, engine_tasks.run,
+                   config=engine.EngineConfig(processes=2), work=[1, 1],
+                   work_per_process=1, describe=lambda t: t[2])
+    assert (tmp_path / "train-00000-of-00002.ended").read_text() == "raised"
+    assert sorted(os.listdir(tmp_path)) == ["train-00000-of-00002.ended"]
+
+
+@pytest.mark.slow
+def test_a_task_that_kills_its_worker_ends_in_one_line_naming_memory(
+        tmp_path):
+    import dask
+
+    from input_pipelines.prepare import engine
+    from tests.workers import engine_tasks
+    task = ("hog", str(tmp_path), "/data/corpus-00007.txt")
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+        with pytest.raises(engine.TaskError) as raised:
+            engine.run([task, task], engine_tasks.run,
+                       config=engine.EngineConfig(
+                           processes=2, worker_memory="400MB"),
+                       work=[1, 1], work_per_process=1,
+                       describe=lambda t: t[2])
+    assert str(raised.value) == (
+        "task /data/corpus-00007.txt: the 2 workers that ran it died (out "
+        "of memory, or killed): --worker_memory=400MB; give the workers "
+        "more memory or write smaller pieces")
+
+
+def test_the_bert_writer_checks_its_memory_flags(corpus, tmp_path):  # noqa: F811
+    for flag, line in (
+            ("--worker_memory=lots", "--worker_memory=lots: not a size "
+             "(e.g. 2GB, 512MiB) or auto"),
+            ("--piece_mb=0", "--piece_mb must be >= 1")):
+        code, output = run_command(bert_writer(corpus, tmp_path, flag))
+        assert code != 0
+        assert output.strip().splitlines()[-1] == (
+            f"create_pretraining_data: error: {line}")
+
+
+def test_stage_one_reads_pieces_cut_at_documents_with_the_same_bytes(
+        tmp_path):
+    from input_pipelines.prepare import buckets
+    text = "".join(f"document {d} first.\n{'word ' * (d % 7)}second.\n\n"
+                   for d in range(300))
+    path = tmp_path / "corpus.txt"
+    path.write_text(text)
+    pieces = list(buckets.read_pieces(str(path), 500))
+    assert len(pieces) > 10
+    assert all(piece[-1] == "" for piece in pieces[:-1])  # cut at a blank
+    assert [line for p in pieces for line in p] == text.splitlines()
+    parts = {}
+    for piece_bytes in (200, buckets.PIECE_BYTES):
+        work = tmp_path / f"work-{piece_bytes}"
+        work.mkdir()
+        parts[piece_bytes] = buckets.split_file(buckets.SplitTask(
+            str(path), 0, 5, 3, str(work), piece_bytes), lambda n: None)
+        assert sorted(os.listdir(work)) == ["part-00000.json",
+                                            "part-00000.txt"]
+        documents = [d for b in range(5) for d in buckets.read_bucket(
+            str(work), buckets.bucket_ranges([parts[piece_bytes]], b), 64)]
+        assert sorted(documents) == sorted(buckets.read_documents(
+            text.splitlines()))
+    assert parts[200] == parts[buckets.PIECE_BYTES]
+    assert digests(tmp_path / "work-200") == digests(
+        tmp_path / f"work-{buckets.PIECE_BYTES}")
+
+
+def test_stage_two_streams_google_order_and_shuffles_through_spills(
+        corpus, tmp_path, monkeypatch):  # noqa: F811
+    # The streamed shard (documents in a file of ids, instances shuffled
+    # through spill files) against Google's in-memory order: the same bytes
+    # with one spill; with many, the same records in another order, the
+    # same for every piece size.
+    import random
+
+    import tensorflow as tf
+
+    from input_pipelines import bert_instances as bi
+    from input_pipelines.bert_records import BertRecordSpec
+    from input_pipelines.prepare import buckets
+    work = tmp_path / "work"
+    work.mkdir()
+    part = buckets.split_file(buckets.SplitTask(
+        f"{corpus}/corpus.txt", 0, 1, 1, str(work)), lambda n: None)
+    vocab = bi.load_vocab(f"{corpus}/vocab.txt")
+    ids = bi.SpecialIds(vocab.index("[CLS]"), vocab.index("[SEP]"),
+                        vocab.index("[MASK]"), len(vocab))
+    config = bi.InstanceConfig(32, 5, 0.15, 0.1, 2)
+    spec = BertRecordSpec(32, 5)
+
+    def streamed(name, piece_bytes=buckets.PIECE_BYTES):
+        task = bi.ShardTask(str(tmp_path / name), str(work),
+                            tuple(buckets.bucket_ranges([part], 0)),
+                            f"{corpus}/vocab.txt", True, config, ids, "7",
+                            spec, piece_bytes)
+        bi.write_instance_shard(task, lambda n: None)
+        return [r.numpy() for r in tf.data.TFRecordDataset(task.name)]
+
+    documents = list(buckets.read_bucket(str(work), [(0, *part["ranges"][0])]))
+    tokens = iter(bi.tokenize([s for d in documents for s in d],
+                              f"{corpus}/vocab.txt"))
+    google = list(bi.serialized(bi.create_instances(
+        [[t for t in (next(tokens) for _ in d) if t] for d in documents],
+        config, ids, random.Random("7")), spec))
+    assert streamed("one-spill") == google
+    monkeypatch.setattr(bi, "SPILL_BYTES", 20_000)
+    monkeypatch.setattr(bi, "_BUFFER_BYTES", 5_000)
+    spilled = streamed("spills")
+    assert spilled != google and sorted(spilled) == sorted(google)
+    assert streamed("small-pieces", piece_bytes=100) == spilled
+    assert sorted(os.listdir(work)) == ["part-00000.json", "part-00000.txt"]

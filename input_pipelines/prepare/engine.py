@@ -1,8 +1,9 @@
 """Where the record writers' tasks run: here, on a local Dask cluster, or on
 a Dask scheduler that is already running (SLURM, Kubernetes, a workstation).
 
-    with engine.start(EngineConfig(scheduler_file="sched.json"), ...) as run:
-        results = run(tasks, fn)
+    results = engine.run(tasks, fn, config=EngineConfig(
+        scheduler_file="sched.json"), work=..., work_per_process=...,
+        describe=...)
 
 One task writes one output shard (`shard_writer.write_shard`: under a
 temporary name of its own, renamed into place when complete, indexed last),
@@ -10,7 +11,12 @@ so a task run twice, after its worker died or as two attempts at once,
 leaves the same bytes. Dask reschedules the tasks of a worker that dies
 (at most `distributed.scheduler.allowed-failures` times per task); an error
 raised by a task (a bad input file or image) is not retried: it ends the
-job naming the input and the worker.
+job naming the input and the worker. The job's other tasks are then told to
+stop (a `distributed.Event` they check at most once a second, when they
+report progress) and the job waits for them, so when `run` raises no
+attempt is still writing and the caller can remove every temporary file.
+A task that kills its worker again and again (memory) ends the job with one
+line naming the task, its input and the workers' memory limit.
 
 Without a scheduler, `processes` writer processes (the tools' rule: one per
 core, but none that would not pay back its TensorFlow import) run on a
@@ -22,6 +28,7 @@ writers' module) and the output folder on a shared file system.
 import dataclasses
 import os
 import sys
+import time
 import uuid
 from typing import Callable, List, Optional, Sequence
 
@@ -37,11 +44,15 @@ class EngineConfig:
         scheduler_file: Or the scheduler's `--scheduler-file`.
         processes: Without a scheduler: writer processes (0: the tool's
             rule; 1: this process, no Dask).
+        worker_memory: Without a scheduler: each local process's memory
+            limit, in Dask's words ("2GB", "auto": the machine's memory
+            shared out); past 95% of it the process is restarted.
     """
 
     scheduler: Optional[str] = None
     scheduler_file: Optional[str] = None
     processes: int = 0
+    worker_memory: str = "auto"
 
     def __post_init__(self):
         if self.scheduler and self.scheduler_file:
@@ -50,6 +61,14 @@ class EngineConfig:
         if self.processes < 0:
             raise ValueError(f"--num_processes must be >= 0, got "
                              f"{self.processes}")
+        if self.worker_memory != "auto":
+            from dask.utils import parse_bytes
+            try:
+                parse_bytes(self.worker_memory)
+            except (ValueError, TypeError):
+                raise ValueError(
+                    f"--worker_memory={self.worker_memory}: not a size "
+                    "(e.g. 2GB, 512MiB) or auto") from None
 
     @property
     def remote(self) -> bool:
@@ -78,11 +97,32 @@ def define_flags(flags) -> None:
     flags.DEFINE_string(
         "scheduler_file", None, "Or the scheduler's --scheduler-file "
         "(SLURM: launch/slurm_prepare.sbatch).")
+    flags.DEFINE_string(
+        "worker_memory", "auto", "Without --scheduler: each local writer "
+        "process's memory limit (2GB, 512MiB; auto: the machine's memory "
+        "shared out). A process past 95% of it is restarted.")
+
+
+def config_from_flags(flags_values, processes: int) -> EngineConfig:
+    """The engine's config from a writer's parsed flags."""
+    return EngineConfig(flags_values.scheduler, flags_values.scheduler_file,
+                        processes, flags_values.worker_memory)
 
 
 class TaskError(RuntimeError):
     """A task failed; the message names its shard, the input and the
     worker."""
+
+
+class TaskStopped(Exception):
+    """Raised inside a task when another task of its job failed: the task
+    stops (removing its temporary files on the way out)."""
+
+
+# How often a running task asks whether its job has stopped, and how long a
+# failing job waits for its running tasks to stop.
+STOP_CHECK_SECONDS = 1.0
+STOP_WAIT_SECONDS = 120
 
 
 def run(tasks: Sequence, fn: Callable, *, config: EngineConfig,
@@ -158,30 +198,64 @@ class Session:
                 return []
             if self._client is None:
                 return [fn(task, bar.update) for task in tasks]
-            return _run_on_dask(self._client, tasks, fn, work, describe, bar)
+            return _run_on_dask(self._client, tasks, fn, work, describe, bar,
+                                self._memory_setting())
+
+    def _memory_setting(self) -> str:
+        """The workers' memory limit, for an error that blames memory."""
+        if not self._config.remote:
+            return f"--worker_memory={self._config.worker_memory}"
+        import dask.utils
+        limits = sorted({w.get("memory_limit") or 0 for w in
+                         self._client.scheduler_info()["workers"].values()})
+        shown = ", ".join(dask.utils.format_bytes(x) if x else "none"
+                          for x in limits) or "unknown"
+        return (f"the workers' memory limit {shown} (dask worker "
+                "--memory-limit)")
 
 
-def _run_on_dask(client, tasks, fn, work, describe, bar) -> List:
+def _run_on_dask(client, tasks, fn, work, describe, bar, memory) -> List:
     import distributed
+    from distributed.scheduler import KilledWorker
     # The scheduler treats equal keys as one task: a key of another job
     # (another client, the same shard names in another folder) would hand
     # back that job's result and never run this one's function. Each call
     # draws its own prefix; the shard's name keeps the key readable.
     job = uuid.uuid4().hex[:12]
-    futures = [client.submit(_call, fn, task, describe(task),
+    stop = distributed.Event(f"tfscale-{job}-stop", client=client)
+    futures = [client.submit(_call, fn, task, describe(task), stop.name,
                              key=f"tfscale-{job}-{i}-{describe(task)}",
                              pure=False)
                for i, task in enumerate(tasks)]
     units = {f.key: w for f, w in zip(futures, work)}
+    names = {f.key: describe(t) for f, t in zip(futures, tasks)}
     try:
         for future in distributed.as_completed(futures):
             if future.status == "error":
                 future.result()  # raises the task's error here
             bar.update(units[future.key])
         return [f.result() for f in futures]
+    except KilledWorker as e:
+        _stop_all(client, stop, futures)
+        raise TaskError(
+            f"task {names.get(e.task, e.task)}: the {e.allowed_failures + 1} "
+            "workers that ran it died (out of memory, or killed): "
+            f"{memory}; give the workers more memory or write smaller "
+            "pieces") from None
     except BaseException:
-        client.cancel(futures)
+        _stop_all(client, stop, futures)
         raise
+
+
+def _stop_all(client, stop, futures) -> None:
+    """Tells the job's running tasks to stop and waits until none runs."""
+    import distributed
+    try:
+        stop.set()
+        distributed.wait(futures, timeout=STOP_WAIT_SECONDS)
+    except Exception:  # noqa: BLE001 - the first error is the one to report
+        pass
+    client.cancel(futures)
 
 
 def _client(config: EngineConfig, processes: int):
@@ -193,7 +267,8 @@ def _client(config: EngineConfig, processes: int):
         return distributed.Client(config.scheduler, timeout="60s")
     cluster = distributed.LocalCluster(
         n_workers=processes, threads_per_worker=1, processes=True,
-        dashboard_address=None, host="127.0.0.1")
+        dashboard_address=None, host="127.0.0.1",
+        memory_limit=config.worker_memory)
     return _ClusterClient(cluster)
 
 
@@ -213,14 +288,35 @@ class _ClusterClient:
         self._cluster.close()
 
 
-def _ignore(units: int) -> None:
-    del units
+class _StopCheck:
+    """A task's `progress` on a Dask worker: asks, at most once every
+    STOP_CHECK_SECONDS, whether the job has stopped, and then raises
+    `TaskStopped` in the task."""
+
+    def __init__(self, event_name: str):
+        import distributed
+        self._event = distributed.Event(event_name)
+        self._last = time.monotonic()
+        self.check()
+
+    def check(self) -> None:
+        if self._event.is_set():
+            raise TaskStopped("another task of this job failed")
+
+    def __call__(self, units: int) -> None:
+        del units  # the client's bar counts a task when it finishes
+        now = time.monotonic()
+        if now - self._last >= STOP_CHECK_SECONDS:
+            self._last = now
+            self.check()
 
 
-def _call(fn, task, name):
+def _call(fn, task, name, stop_event):
     """Runs on a worker: the task's errors name the shard and the worker."""
     try:
-        return fn(task, _ignore)
+        return fn(task, _StopCheck(stop_event))
+    except TaskStopped:
+        raise
     except Exception as e:  # noqa: BLE001 - re-raised with context
         try:
             import distributed
