@@ -16,21 +16,31 @@ when the best is at the grid's edge; one seed, a second at the batch
 nearest the knee) runs until the target is reached or an example cap. The best rate
 per batch gives steps S and examples E to the target; a fit of
 S = S_min (1 + B_crit / B) gives S_min, E_min = S_min B_crit and B_crit
-(McCandlish et al. 2018), against the B_simple the Trainer measured in the
-same runs (at the moment each reached the target).
+(McCandlish et al. 2018), with the range of leave-one-batch-out fits, against
+the B_simple the Trainer measured in the same runs: at every evaluation
+(with its 95% interval, and whether its EMA window had filled), so B_simple
+at the target and along the run can both be set against B_crit. SGD runs
+measure the plain noise scale; AdamW and LAMB the preconditioned one (the
+direction they move in).
 
-Results go to `benchmarks/results/time_to_accuracy_<study>.jsonl` (one line
-per run; a rerun skips the runs already there), the plot and the markdown
-table next to it. Data: Fashion-MNIST from Debian's `dataset-fashion-mnist`
-(60,000 training and 10,000 test images, IDX files); BERT-tiny masked-LM on
-the demo corpus's records, the last shard held out.
+A study's definition (task, data and its fingerprint, target, model,
+warmup, caps, noise-scale modes, the study's version and tfscale's) has a
+digest; its runs go to `benchmarks/results/time_to_accuracy_<study>-<digest>
+.jsonl` (one line per run, each with the definition's digest and the git
+commit it ran on), and the markdown and plot next to it are built from that
+file alone. A rerun reuses only runs of the same digest; another data
+directory or target writes its own file. Data: Fashion-MNIST from Debian's
+`dataset-fashion-mnist` (60,000 training and 10,000 test images, IDX files);
+BERT-tiny masked-LM on the demo corpus's records, the last shard held out.
 """
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
+import subprocess
 import tempfile
 import time
 from typing import Callable, List, Optional
@@ -54,6 +64,11 @@ RATE_STEPS = (1 / 3, 1.0, 3.0)  # around the centre of the linear/sqrt rules
 MAX_STEPS = 15_000  # a run's step cap, whatever its examples cap
 EXTRA_RATES = 2  # rates tried beyond the grid's edge, when the best is there
 GIVE_UP = 3  # a run stops at this many times its batch's best examples
+# Bumped when what a run measures or how changes (2: B_simple along the run
+# with its interval; the preconditioned noise scale for AdamW and LAMB).
+STUDY_VERSION = 2
+NOISE_MODES = {"sgd": "plain", "adamw": "preconditioned",
+               "lamb": "preconditioned"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +87,8 @@ class Study:
         warmup_examples: Linear warmup over this many examples.
         evaluation_growth: Evaluations every step up to 20, then each this
             factor after the last (the steps to the target are known to it).
+        data: {"path": ..., "fingerprint": sha256 of the data files}.
+        model: The model, in words (part of the definition).
     """
 
     name: str
@@ -88,6 +105,45 @@ class Study:
     dataset_fn: Callable  # (per-replica batch, seed) -> dataset_fn
     evaluate: Callable  # model -> metric value
     evaluation_growth: float = 1.05
+    data: dict = dataclasses.field(default_factory=dict)
+    model: str = ""
+
+    def definition(self) -> dict:
+        """Everything that defines the study's runs, for its digest."""
+        from tfscale import __version__
+        return {"study": self.name, "version": STUDY_VERSION,
+                "tfscale": __version__, "data": self.data,
+                "target": self.target, "metric": self.metric,
+                "model": self.model, "reference_batch": self.reference_batch,
+                "warmup_examples": self.warmup_examples,
+                "cap_examples": self.cap_examples, "max_steps": MAX_STEPS,
+                "noise_modes": NOISE_MODES, "noise_decay": 0.99,
+                "accumulation": 2, "schedule": "constant after warmup",
+                "evaluation_growth": self.evaluation_growth}
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(
+            self.definition(), sort_keys=True).encode()).hexdigest()[:10]
+
+
+def fingerprint(paths) -> str:
+    """sha256 over the files' bytes, in the order given."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+            text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
+            check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 # ---- Fashion-MNIST -------------------------------------------------------------
@@ -129,7 +185,11 @@ def fashion_task(directory: str, target: float) -> Study:
         metric="test accuracy", cap_examples=1_500_000,
         warmup_examples=5_000, build_model=build_model,
         loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        dataset_fn=dataset_fn, evaluate=evaluate)
+        dataset_fn=dataset_fn, evaluate=evaluate,
+        data={"path": os.path.abspath(directory), "fingerprint": fingerprint(
+            [os.path.join(directory, name) for name in sorted(
+                os.listdir(directory)) if "idx" in name])},
+        model="MLP 784-256-10, relu, from logits")
 
 
 # ---- BERT-tiny masked LM -----------------------------------------------------------
@@ -173,9 +233,14 @@ def bert_task(records: str, bert_config: str, target: float) -> Study:
         reference_batch=64,
         base_rates={"sgd": 0.1, "adamw": 2e-3, "lamb": 4e-3},
         target=target, higher_is_better=False, metric="held-out MLM loss",
-        cap_examples=200_000, warmup_examples=2_000,
+        # Warmup ends long before the target (study version 1 warmed up
+        # over 2,000 examples: the best runs reached the target inside it).
+        cap_examples=200_000, warmup_examples=320,
         build_model=build_model, loss_fn=bert.pretraining_loss,
-        dataset_fn=dataset_fn, evaluate=evaluate, evaluation_growth=1.1)
+        dataset_fn=dataset_fn, evaluate=evaluate, evaluation_growth=1.1,
+        data={"path": [os.path.abspath(f) for f in files],
+              "fingerprint": fingerprint(files + [bert_config])},
+        model=f"BERT pretrainer {json.dumps(dataclasses.asdict(config), sort_keys=True)}, seq 64, 10 predictions")
 
 
 # ---- one run ----------------------------------------------------------------------
@@ -193,7 +258,8 @@ def evaluation_steps(limit: int, growth: float) -> List[int]:
 
 class UntilTarget(keras.callbacks.Callback):
     """Evaluates at `evaluation_steps` and stops at the target (or on a
-    non-finite loss); keeps the measured noise scale when it is reached."""
+    non-finite loss); records the measured noise scale at every evaluation
+    (`trajectory`) and keeps the one at the target."""
 
     def __init__(self, study: Study, trainer, limit: int):
         super().__init__()
@@ -201,8 +267,9 @@ class UntilTarget(keras.callbacks.Callback):
         self.due = set(evaluation_steps(limit, study.evaluation_growth))
         self.step = 0
         self.reached_at = None
-        self.b_simple = None
+        self.at_target = None
         self.last_value = None
+        self.trajectory = []
 
     def on_train_batch_end(self, batch, logs=None):
         self.step += 1
@@ -213,11 +280,22 @@ class UntilTarget(keras.callbacks.Callback):
             return
         value = self.study.evaluate(self.model)
         self.last_value = value
+        estimate = self.trainer.noise_scale.estimate()
+        interval = estimate.interval
+        point = {"step": self.step, "value": value,
+                 "loss": float(logs.get("loss", math.nan)),
+                 "b_simple": estimate.b_simple,
+                 "low": interval[0] if interval else None,
+                 "high": (interval[1] if interval and math.isfinite(
+                     interval[1]) else None),
+                 "steps_averaged": estimate.steps,
+                 "warmed_up": estimate.warmed_up}
+        self.trajectory.append(point)
         better = (value >= self.study.target if self.study.higher_is_better
                   else value <= self.study.target)
         if better:
             self.reached_at = self.step
-            self.b_simple = self.trainer.noise_scale.estimate().b_simple
+            self.at_target = point
             self.model.stop_training = True
 
 
@@ -260,16 +338,23 @@ def run_one(study: Study, optimizer: str, batch: int, rate: float,
                 log_steps=10**9, verbose=0, timed_steps_per_log=0,
                 checkpoint_dir=os.path.join(output_dir, "checkpoints"),
                 save_checkpoints_steps=10**9,
-                noise_scale=NoiseScaleConfig(decay=0.99)),
+                noise_scale=NoiseScaleConfig(mode=NOISE_MODES[optimizer],
+                                             decay=0.99)),
             output_dir=output_dir, seed=seed), study, cap_steps)
         start = time.perf_counter()
         jobs.run(run)
     until = run.until
     steps = until.reached_at
-    return {"optimizer": optimizer, "batch": batch, "rate": rate,
-            "seed": seed, "reached": steps is not None, "steps": steps,
+    at = until.at_target or {}
+    return {"definition": study.digest(), "commit": git_commit(),
+            "optimizer": optimizer, "batch": batch, "rate": rate,
+            "seed": seed, "noise_mode": NOISE_MODES[optimizer],
+            "reached": steps is not None, "steps": steps,
             "examples": steps * batch if steps else None,
-            "b_simple": until.b_simple, "last_value": until.last_value,
+            "b_simple": at.get("b_simple"),
+            "b_simple_interval": [at.get("low"), at.get("high")] if at else None,
+            "b_simple_warmed_up": at.get("warmed_up"),
+            "trajectory": until.trajectory, "last_value": until.last_value,
             "steps_run": until.step, "seconds": time.perf_counter() - start}
 
 
@@ -283,11 +368,22 @@ def rates_for(study: Study, optimizer: str, batch: int) -> List[float]:
     return [float(f"{centre * f:.3g}") for f in RATE_STEPS]
 
 
-def load_results(path: str) -> List[dict]:
+def load_results(path: str, digest: str) -> List[dict]:
+    """The runs of definition `digest` in `path`.
+
+    Raises:
+        SystemExit: The file holds a run of another definition.
+    """
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        results = [json.loads(line) for line in f if line.strip()]
+    other = [r for r in results if r.get("definition") != digest]
+    if other:
+        raise SystemExit(f"{path}: {len(other)} run(s) of another definition "
+                         f"({other[0].get('definition')}, not {digest}); "
+                         "a study's runs are never mixed: move the file")
+    return results
 
 
 def best_per_batch(results: List[dict], optimizer: str, seed: int = 1
@@ -434,8 +530,13 @@ def main():
     if args.batches:
         study = dataclasses.replace(
             study, batches=tuple(int(b) for b in args.batches.split(",")))
-    stem = os.path.join(RESULTS, f"time_to_accuracy_{study.name}")
-    results = load_results(stem + ".jsonl")
+    stem = os.path.join(RESULTS, f"time_to_accuracy_{study.name}-"
+                                 f"{study.digest()}")
+    with open(stem + ".definition.json", "w") as f:
+        json.dump(study.definition(), f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(f"definition {study.digest()}: {stem}.jsonl", flush=True)
+    results = load_results(stem + ".jsonl", study.digest())
     optimizers = args.optimizers.split(",")
     if not args.analyse_only:
         def run(optimizer, batch, rate, seed):

@@ -18,8 +18,20 @@ exponential moving average (bias-corrected as Adam's moments are; `decay`
 
     B_simple = EMA(tr Sigma) / EMA(|G|^2)           (in examples)
 
-estimates the critical batch: steps to a target S = S_min (1 + B_noise / B),
-examples E = E_min (1 + B / B_noise). It grows as the loss falls.
+estimates B_noise, the batch of McCandlish et al.'s trade-off: steps to a
+target S = S_min (1 + B_noise / B), examples E = E_min (1 + B / B_noise).
+B_simple equals B_noise only when the Hessian is a multiple of the identity;
+it grows as the loss falls.
+
+Its uncertainty: the same EMAs also average the squares and the product of
+the per-step estimates, which give their spread; the bias-corrected EMA of n
+steps is a weighted mean with an effective count n_eff = (sum w)^2 /
+sum w^2 (about 2 / (1 - decay) - 1 = 199 steps once full, n at the start),
+and the delta method on log(tr Sigma / |G|^2) gives an approximate 95%
+interval. It treats the steps as independent draws around a fixed value;
+training moves the value, so read the interval as the estimate's noise, not
+as the drift. Nothing is reported until the window (1 / (1 - decay) steps)
+has filled: before, the average leans on the first steps ("warming up").
 
 What the step adds (`step.py`): each micro-batch's squared gradient norm per
 variable group, loss scale removed, before it joins the accumulated sum
@@ -46,6 +58,12 @@ from tfscale.optim.lamb import matches_any
 
 MODES = ("off", "plain", "preconditioned")
 TOTAL = "all"  # the whole model's group name in logs and summaries
+_STATE = 6  # steps and five EMAs per group (NoiseScale)
+
+
+def _range(low: float, high: float) -> str:
+    return (f"{low:,.0f}-{high:,.0f}" if math.isfinite(high)
+            else f">= {low:,.0f}, no upper bound yet")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +199,9 @@ class Preconditioner:
 # ---- on the host ---------------------------------------------------------------
 
 
+Z_95 = 1.959964  # the normal quantile of a two-sided 95% interval
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimate:
     """The smoothed estimates of one group after some steps.
@@ -189,11 +210,18 @@ class Estimate:
         gradient_squared: EMA of |G|^2.
         trace: EMA of tr(Sigma) (one example's gradient covariance).
         steps: Steps averaged.
+        effective_steps: n_eff of the EMA's weights.
+        relative_error: The standard error of log(B_simple) (delta method);
+            None until it is defined.
+        warmed_up: The window (1 / (1 - decay) steps) has filled.
     """
 
     gradient_squared: float
     trace: float
     steps: int
+    effective_steps: float = 0.0
+    relative_error: Optional[float] = None
+    warmed_up: bool = False
 
     @property
     def b_simple(self) -> Optional[float]:
@@ -201,6 +229,40 @@ class Estimate:
         if self.steps == 0 or self.gradient_squared <= 0 or self.trace <= 0:
             return None
         return self.trace / self.gradient_squared
+
+    @property
+    def interval(self) -> Optional[Tuple[float, float]]:
+        """An approximate 95% interval of B_simple; None until defined."""
+        value = self.b_simple
+        if value is None or self.relative_error is None:
+            return None
+        spread = math.exp(Z_95 * self.relative_error)
+        return value / spread, value * spread
+
+
+def effective_steps(decay: float, steps: int) -> float:
+    """n_eff = (sum w)^2 / sum w^2 of the bias-corrected EMA's weights
+    (1 - decay) decay^k, k < steps."""
+    if steps <= 0:
+        return 0.0
+    if decay == 0:
+        return 1.0
+    return ((1 - decay ** steps) ** 2 * (1 + decay)
+            / ((1 - decay) * (1 - decay ** (2 * steps))))
+
+
+def _relative_error(means, effective: float) -> Optional[float]:
+    """The standard error of log(trace / g2) from the EMA means of g2,
+    trace, g2^2, trace^2 and g2 * trace (delta method)."""
+    g2, trace, g2_sq, trace_sq, product = means
+    if g2 <= 0 or trace <= 0 or effective < 2:
+        return None
+    var_g = max(g2_sq - g2 * g2, 0.0)
+    var_t = max(trace_sq - trace * trace, 0.0)
+    cov = product - g2 * trace
+    relative = (var_t / trace ** 2 + var_g / g2 ** 2
+                - 2 * cov / (trace * g2)) / effective
+    return math.sqrt(max(relative, 0.0))
 
 
 def step_estimates(small_sum: float, count: float, big: float,
@@ -235,8 +297,10 @@ class NoiseScale:
         groups: The step's `Groups`.
         global_batch_size: B.
 
-    State (checkpointed): per group a float64 variable [steps, EMA |G|^2,
-    EMA tr Sigma] (raw EMAs; bias correction divides by 1 - decay^steps).
+    State (checkpointed): per group (and for the whole model, "all", when
+    there are groups) a float64 variable [steps, EMA |G|^2, EMA tr Sigma,
+    EMA |G|^4, EMA (tr Sigma)^2, EMA |G|^2 tr Sigma] (raw EMAs of the
+    per-step estimates; bias correction divides by 1 - decay^steps).
     """
 
     def __init__(self, config: NoiseScaleConfig, groups: Groups,
@@ -244,13 +308,20 @@ class NoiseScale:
         self.config = config
         self.groups = groups
         self.global_batch_size = global_batch_size
+        self._names = tuple(groups.names) + (
+            (TOTAL,) if TOTAL not in groups.names else ())
         with tf.device("/cpu:0"):
             self.variables = {
-                name: tf.Variable(tf.zeros([3], tf.float64), trainable=False,
-                                  name=f"noise_scale_{name}")
-                for name in groups.names}
-        self._state = {name: [0.0, 0.0, 0.0] for name in groups.names}
+                name: tf.Variable(tf.zeros([_STATE], tf.float64),
+                                  trainable=False, name=f"noise_scale_{name}")
+                for name in self._names}
+        self._state = {name: [0.0] * _STATE for name in self._names}
         self.last_step_values = None
+
+    @property
+    def window(self) -> int:
+        """Steps the EMA averages: 1 / (1 - decay)."""
+        return max(1, round(1 / (1 - self.config.decay)))
 
     @property
     def width(self) -> int:
@@ -267,43 +338,73 @@ class NoiseScale:
         if count < 2 or ready <= 0 or not all(
                 math.isfinite(v) for v in values):
             return
-        decay = self.config.decay
         self.last_step_values = {}
         for name, s, b in zip(self.groups.names, small, big):
-            g2, trace = step_estimates(float(s), count, float(b),
-                                       self.global_batch_size)
-            self.last_step_values[name] = (g2, trace)
-            state = self._state[name]
-            state[0] += 1
-            state[1] = decay * state[1] + (1 - decay) * g2
-            state[2] = decay * state[2] + (1 - decay) * trace
+            self.last_step_values[name] = step_estimates(
+                float(s), count, float(b), self.global_batch_size)
+        if TOTAL not in self.groups.names:
+            # The whole model's per-step values are the groups' sums.
+            self.last_step_values[TOTAL] = tuple(
+                sum(v[i] for v in self.last_step_values.values())
+                for i in range(2))
+        for name, (g2, trace) in self.last_step_values.items():
+            self._add(self._state[name], g2, trace)
+
+    def _add(self, state: list, g2: float, trace: float) -> None:
+        decay = self.config.decay
+        state[0] += 1
+        for i, value in enumerate((g2, trace, g2 * g2, trace * trace,
+                                   g2 * trace), start=1):
+            state[i] = decay * state[i] + (1 - decay) * value
 
     def estimate(self, group: Optional[str] = None) -> Estimate:
-        """The smoothed estimate of `group` (None: the whole model, the sum
-        over groups)."""
-        names = self.groups.names if group is None else (group,)
-        states = [self._state[n] for n in names]
-        steps = int(max(s[0] for s in states))
+        """The smoothed estimate of `group` (None: the whole model)."""
+        state = self._state[TOTAL if group is None else group]
+        steps = int(state[0])
         if steps == 0:
             return Estimate(0.0, 0.0, 0)
         correction = 1.0 - self.config.decay ** steps
-        return Estimate(sum(s[1] for s in states) / correction,
-                        sum(s[2] for s in states) / correction, steps)
+        means = [v / correction for v in state[1:]]
+        effective = effective_steps(self.config.decay, steps)
+        return Estimate(means[0], means[1], steps, effective,
+                        _relative_error(means, effective),
+                        steps >= self.window)
 
     def logs(self) -> dict:
-        """{gradient_noise_scale, critical_batch_ratio,
-        gradient_noise_scale/<group>...}; empty until measurable."""
-        b_simple = self.estimate().b_simple
-        if b_simple is None:
+        """{gradient_noise_scale, its 95% interval (_low, _high: inf when
+        unbounded), critical_batch_ratio, gradient_noise_scale/<group>...}
+        once the window has filled; {gradient_noise_scale_warmup: steps}
+        before; empty until measurable."""
+        estimate = self.estimate()
+        if estimate.b_simple is None:
             return {}
-        logs = {"gradient_noise_scale": b_simple,
-                "critical_batch_ratio": self.global_batch_size / b_simple}
+        if not estimate.warmed_up:
+            return {"gradient_noise_scale_warmup": float(estimate.steps)}
+        low, high = estimate.interval or (0.0, math.inf)
+        logs = {"gradient_noise_scale": estimate.b_simple,
+                "gradient_noise_scale_low": low,
+                "gradient_noise_scale_high": high,
+                "critical_batch_ratio": (self.global_batch_size
+                                         / estimate.b_simple)}
         if len(self.groups.names) > 1:
             for name in self.groups.names:
                 value = self.estimate(name).b_simple
                 if value is not None:
                     logs[f"gradient_noise_scale/{name}"] = value
         return logs
+
+    def log_text(self) -> str:
+        """The noise scale's part of a log line."""
+        logs = self.logs()
+        if "gradient_noise_scale_warmup" in logs:
+            return (f"; noise scale warming up "
+                    f"({logs['gradient_noise_scale_warmup']:.0f}/"
+                    f"{self.window} steps)")
+        if "gradient_noise_scale" not in logs:
+            return ""
+        return (f"; noise scale {logs['gradient_noise_scale']:.4g} (95% "
+                f"{_range(logs['gradient_noise_scale_low'], logs['gradient_noise_scale_high'])}"
+                f"; batch/noise {logs['critical_batch_ratio']:.3g})")
 
     # The checkpoint holds the variables; the host state is copied in
     # before a save and out after a restore.
@@ -317,13 +418,23 @@ class NoiseScale:
             self._state[name] = [float(v) for v in variable.numpy()]
 
     def summary(self) -> dict:
-        """What summary.json holds."""
+        """What summary.json holds (b_simple and its interval only once the
+        window has filled; `b_simple_interval` [low, high], high None when
+        unbounded)."""
         estimate = self.estimate()
+        interval = estimate.interval if estimate.warmed_up else None
         result = {"mode": self.config.mode, "decay": self.config.decay,
+                  "window_steps": self.window,
                   "steps_averaged": estimate.steps,
+                  "effective_steps": estimate.effective_steps,
+                  "warmed_up": estimate.warmed_up,
                   "gradient_squared": estimate.gradient_squared,
                   "trace_sigma": estimate.trace,
-                  "b_simple": estimate.b_simple,
+                  "b_simple": (estimate.b_simple if estimate.warmed_up
+                               else None),
+                  "b_simple_interval": (
+                      [interval[0], interval[1] if math.isfinite(interval[1])
+                       else None] if interval else None),
                   "global_batch_size": self.global_batch_size}
         if len(self.groups.names) > 1:
             result["groups"] = {name: self.estimate(name).b_simple

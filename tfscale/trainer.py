@@ -680,9 +680,7 @@ class Trainer:
         noise = ""
         if self.noise_scale is not None:
             summary.update(self.noise_scale.logs())
-            if "gradient_noise_scale" in summary:
-                noise = (f"; noise scale {summary['gradient_noise_scale']:.4g}"
-                         f" (batch/noise {summary['critical_batch_ratio']:.3g})")
+            noise = self.noise_scale.log_text()
         if self._adascale is not None:
             summary["adascale_gain"] = self._adascale.current_gain()
             noise += f", AdaScale gain {summary['adascale_gain']:.3g}"
