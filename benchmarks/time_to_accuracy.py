@@ -87,7 +87,10 @@ class Study:
         warmup_examples: Linear warmup over this many examples.
         evaluation_growth: Evaluations every step up to 20, then each this
             factor after the last (the steps to the target are known to it).
-        data: {"path": ..., "fingerprint": sha256 of the data files}.
+        data: {"fingerprint": sha256 of the data files, "files": their
+            names} (the folder they were read from is recorded beside,
+            not part of the definition: the same bytes elsewhere are the
+            same study).
         model: The model, in words (part of the definition).
     """
 
@@ -134,6 +137,11 @@ def fingerprint(paths) -> str:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
+
+
+def _data(paths) -> dict:
+    return {"files": [os.path.basename(p) for p in paths],
+            "fingerprint": fingerprint(paths)}
 
 
 def git_commit() -> str:
@@ -186,9 +194,8 @@ def fashion_task(directory: str, target: float) -> Study:
         warmup_examples=5_000, build_model=build_model,
         loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         dataset_fn=dataset_fn, evaluate=evaluate,
-        data={"path": os.path.abspath(directory), "fingerprint": fingerprint(
-            [os.path.join(directory, name) for name in sorted(
-                os.listdir(directory)) if "idx" in name])},
+        data=_data([os.path.join(directory, name) for name in sorted(
+            os.listdir(directory)) if "idx" in name]),
         model="MLP 784-256-10, relu, from logits")
 
 
@@ -238,8 +245,7 @@ def bert_task(records: str, bert_config: str, target: float) -> Study:
         cap_examples=200_000, warmup_examples=320,
         build_model=build_model, loss_fn=bert.pretraining_loss,
         dataset_fn=dataset_fn, evaluate=evaluate, evaluation_growth=1.1,
-        data={"path": [os.path.abspath(f) for f in files],
-              "fingerprint": fingerprint(files + [bert_config])},
+        data=_data(files + [bert_config]),
         model=f"BERT pretrainer {json.dumps(dataclasses.asdict(config), sort_keys=True)}, seq 64, 10 predictions")
 
 
@@ -533,7 +539,10 @@ def main():
     stem = os.path.join(RESULTS, f"time_to_accuracy_{study.name}-"
                                  f"{study.digest()}")
     with open(stem + ".definition.json", "w") as f:
-        json.dump(study.definition(), f, indent=1, sort_keys=True)
+        json.dump(dict(study.definition(), digest=study.digest(),
+                       read_from=os.path.abspath(
+                           args.fashion_dir if args.task == "fashion_mnist"
+                           else args.records)), f, indent=1, sort_keys=True)
         f.write("\n")
     print(f"definition {study.digest()}: {stem}.jsonl", flush=True)
     results = load_results(stem + ".jsonl", study.digest())
