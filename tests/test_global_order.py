@@ -35,6 +35,9 @@ def args(corpus, out, workers, *extra):  # noqa: F811
                          "no_dropout.json", f"--train_batch_size={GLOBAL_BATCH}",
                          f"--num_accumulation_steps={MICRO_BATCHES // workers}",
                          f"--save_checkpoints_steps={CUT}", "--log_steps=6",
+                         # A window of 10 steps: warming up at step 6, a
+                         # value with its interval at step 12.
+                         "--noise_scale_decay=0.9",
                          "--deterministic", "--seed=11", *extra)
 
 
@@ -71,12 +74,17 @@ def assert_reported(out, output, b_simple):
     and summary.json's intervals (per group too)."""
     import re
     from tensorboard.backend.event_processing import event_accumulator
-    assert re.search(r"step 12: loss .*; noise scale [\d.]+ \(batch/noise ",
+    assert re.search(r"step 6: loss .*; noise scale warming up \(6/10 steps\)",
                      output), output[-3000:]
-    assert (f"gradient noise scale: B_simple ~ {b_simple:,.0f} examples at "
-            f"step {STEPS}") in output
+    assert re.search(r"step 12: loss .*; noise scale [\d.]+ \(95% [\d,]+-"
+                     r"[\d,]+; batch/noise ", output), output[-3000:]
+    assert (f"gradient noise scale: B_simple {b_simple:,.0f} examples, 95% "
+            "interval ") in output
+    assert f"at step {STEPS}); this run's global batch" in output
     last = json.loads((out / "summary.json").read_text())["intervals"][-1]
     assert last["gradient_noise_scale"] == pytest.approx(b_simple)
+    assert (last["gradient_noise_scale_low"] < b_simple
+            < last["gradient_noise_scale_high"])
     assert last["critical_batch_ratio"] == pytest.approx(GLOBAL_BATCH / b_simple)
     assert {"gradient_noise_scale/embeddings", "gradient_noise_scale/encoder",
             "gradient_noise_scale/head"} <= set(last)
@@ -85,6 +93,7 @@ def assert_reported(out, output, b_simple):
     events.Reload()
     tags = set(events.Tags()["scalars"]) | set(events.Tags()["tensors"])
     assert {"batch_gradient_noise_scale", "batch_critical_batch_ratio",
+            "batch_gradient_noise_scale_low", "batch_gradient_noise_scale_high",
             "batch_gradient_noise_scale/encoder"} <= tags, tags
 
 

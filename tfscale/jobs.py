@@ -408,7 +408,8 @@ def run_results(trainer: Trainer, info, backend: str, wall_seconds: float,
             "intervals": intervals.rows,
             "checkpoint": trainer.checkpoint_path,
             "noise_scale": (trainer.noise_scale.summary()
-                            if trainer.noise_scale else None)}
+                            if trainer.noise_scale else None),
+            "adascale": trainer.adascale_summary()}
 
 
 def run_summary(task: Task, info, trainer: Trainer, built: Built) -> str:
@@ -466,6 +467,13 @@ def done_summary(title: str, results: dict, unit: str = "examples") -> str:
                                             results["steps"])
     if sentence:
         lines.append(sentence)
+    adascale = results.get("adascale")
+    if adascale:
+        lines.append(
+            f"  AdaScale: {adascale['steps']} steps at mean gain "
+            f"{adascale['mean_gain'] or 0:.3g} walked {adascale['progress']:.0f}"
+            f" of the reference run's {adascale['reference_steps']} steps "
+            f"({adascale['examples']:,} examples)")
     if "export" in results:
         lines.append(f"  export {results['export']}")
     if "eval" in results:

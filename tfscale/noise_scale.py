@@ -236,6 +236,8 @@ class Estimate:
         value = self.b_simple
         if value is None or self.relative_error is None:
             return None
+        if Z_95 * self.relative_error > 30:  # no bound worth a number
+            return 0.0, math.inf
         spread = math.exp(Z_95 * self.relative_error)
         return value / spread, value * spread
 
@@ -451,26 +453,53 @@ def relative_cost(b_noise: float, batch: float, other: float
     return steps, examples
 
 
+# B_crit / B_simple measured in the time-to-accuracy study (B_simple at the
+# step each run reached its target; docs/batch-size.md): the range of the
+# ratio over its runs. Advice prices a batch change over B_simple's interval
+# stretched by this range, nothing narrower.
+STUDY_RATIO = (0.5, 4.0)
+
+
 def closing_sentence(summary: Optional[dict], step: int) -> str:
-    """The plain sentence a run ends with (empty without a measurement)."""
+    """The plain sentence a run ends with (empty without a measurement):
+    the value with its interval, and what halving or doubling the batch
+    would cost as the range the study supports."""
     if not summary:
         return ""
-    b_simple = summary.get("b_simple")
     batch = summary["global_batch_size"]
-    if b_simple is None:
+    window = summary.get("window_steps") or round(1 / (1 - summary["decay"]))
+    if not summary.get("warmed_up", True) or summary.get("b_simple") is None:
+        if summary.get("steps_averaged"):
+            return (f"  gradient noise scale: warming up "
+                    f"({summary['steps_averaged']} of the {window} steps "
+                    "its average needs): no value yet")
         return ("  gradient noise scale: not measured (it needs >= 2 "
                 "micro-batches per step and a few steps)")
-    half = relative_cost(b_simple, batch, batch / 2)
-    double = relative_cost(b_simple, batch, batch * 2)
+    b_simple = summary["b_simple"]
+    interval = summary.get("b_simple_interval") or [b_simple, b_simple]
+    low, high = interval[0], interval[1] or math.inf
     kind = (" (preconditioned)" if summary["mode"] == "preconditioned"
             else "")
-    window = round(1 / (1 - summary["decay"])) if summary["decay"] else 1
-    return (f"  gradient noise scale{kind}: B_simple ~ {b_simple:,.0f} "
-            f"examples at step {step} (EMA over ~{window} steps), so the "
-            f"critical batch is about {b_simple:,.0f}; this run's global "
-            f"batch {batch} is {batch / b_simple:.2g}x it. By S = S_min(1 + "
-            f"B_noise/B) and E = E_min(1 + B/B_noise): half the batch would "
-            f"take {half[0]:.2f}x the steps and {half[1]:.2f}x the examples, "
-            f"double the batch {double[0]:.2f}x the steps and "
-            f"{double[1]:.2f}x the examples. An estimate: it grows as the "
-            f"loss falls, so read it as the value at this point of training.")
+    text = (f"  gradient noise scale{kind}: B_simple {b_simple:,.0f} "
+            f"examples, 95% interval {_range(low, high)} (the last ~{window}"
+            f" steps, at step {step}); this run's global batch {batch} is "
+            f"{batch / b_simple:.2g}x it. It is the value at this point of "
+            "training (it grows as the loss falls), and B_simple is not the "
+            "critical batch: ")
+    if not math.isfinite(high):
+        return text + ("with no upper bound yet, it prices no change of "
+                       "batch.")
+    lo, hi = low * STUDY_RATIO[0], high * STUDY_RATIO[1]
+    half = [relative_cost(b, batch, batch / 2) for b in (lo, hi)]
+    double = [relative_cost(b, batch, batch * 2) for b in (lo, hi)]
+
+    def span(pair, i):
+        a, b = sorted((pair[0][i], pair[1][i]))
+        return f"{a:.2f}-{b:.2f}x"
+    return text + (
+        f"in the study (docs/batch-size.md) the measured critical batch was "
+        f"{STUDY_RATIO[0]:g}-{STUDY_RATIO[1]:g}x B_simple, so for a critical "
+        f"batch of {lo:,.0f}-{hi:,.0f}, S = S_min(1 + B_noise/B) and E = "
+        f"E_min(1 + B/B_noise) put half the batch at {span(half, 0)} the "
+        f"steps and {span(half, 1)} the examples, double the batch at "
+        f"{span(double, 0)} the steps and {span(double, 1)} the examples.")

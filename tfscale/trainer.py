@@ -174,6 +174,7 @@ class Trainer:
         self._interval_loss, self._interval_steps = 0.0, 0
         self._skipped_steps = 0  # fp16 steps skipped in this log interval
         self._noise_notice_given = False
+        self._adascale_end_logged = False
         self.checkpoint_path = None
         self._saved_step = None
         self._verbose = config.verbose
@@ -553,7 +554,9 @@ class Trainer:
             for noise in result.noise:
                 self.noise_scale.update(noise)
                 if self._adascale is not None:
-                    self._adascale.advance(self.noise_scale.estimate())
+                    # (One step per call: `skipped` is this step's.)
+                    self._adascale.advance(self.noise_scale.estimate(),
+                                           skipped=bool(result.skipped))
             self.step.assign_add(result.steps)
             self.input_position.assign_add(
                 result.steps * self.config.global_batch_size)
@@ -590,8 +593,10 @@ class Trainer:
             if (self.config.save_checkpoints_steps
                     and step % self.config.save_checkpoints_steps == 0):
                 self._save()
-            if stop:
+            if stop or self._adascale_finished():
                 # Set on some worker during the previous call: all stop here.
+                # (AdaScale's progress is the same on every worker: its
+                # gains come from the all-reduced estimates.)
                 self.model.stop_training = True
                 break
         logs["learning_rate"] = self._learning_rate()
@@ -612,6 +617,26 @@ class Trainer:
             if is_input_error(e):
                 raise input_error(e) from e
             raise
+
+    def adascale_summary(self) -> Optional[dict]:
+        """AdaScale's steps, progress, mean gain and examples; None
+        without AdaScale."""
+        if self._adascale is None:
+            return None
+        return self._adascale.summary(int(self.step.numpy()))
+
+    def _adascale_finished(self) -> bool:
+        """AdaScale's progress reached the reference run's length: the run
+        has trained as far as the reference run (the paper's end)."""
+        if self._adascale is None or not self._adascale.finished():
+            return False
+        if not self._adascale_end_logged:
+            self._adascale_end_logged = True
+            self._log(f"AdaScale: progress {self._adascale.progress():.1f} "
+                      f"reached the reference run's "
+                      f"{self._adascale.reference_steps} steps at step "
+                      f"{int(self.step.numpy())}; the run ends here")
+        return True
 
     def _agreed_stop(self) -> bool:
         """`model.stop_training` at an epoch's end, agreed by all workers

@@ -17,16 +17,21 @@ saturates and extra examples buy little.
 The rate at a step is r times the reference schedule at the run's *progress*
 tau (the sum of the gains so far), not at the step: the schedule (warmup,
 decay) is laid out in reference-batch steps and AdaScale walks it r steps
-at a time. End a run when tau reaches the schedule's length
-(`finished`). For SGD with or without momentum, as in the paper; with Adam
-or LAMB the gain is not derived (their updates are not linear in the
-gradient) and the optimizer factory refuses the combination.
+at a time. As in the paper, the run ends when tau reaches the reference
+run's length, `reference_steps` (`finished()`; the Trainer stops there, on
+every worker at the same step: the gains come from all-reduced estimates),
+so a decaying schedule ends where it ends at the reference batch, in about
+1/r of its steps; the summary gives the steps taken, the mean gain and the
+examples seen. A step that fp16's loss scaling skipped applied no update and
+does not advance tau. For SGD with or without momentum, as in the paper;
+with Adam or LAMB the gain is not derived (their updates are not linear in
+the gradient) and the optimizer factory refuses the combination.
 
 Usage (tfscale's optimizer factory builds it from OptimConfig with
 `scaling_rule="adascale"`):
 
     schedule = AdaScale(base_schedule, reference_batch_size=256,
-                        global_batch_size=2048)
+                        global_batch_size=2048, reference_steps=90_000)
     optimizer = keras.optimizers.SGD(schedule, momentum=0.9)
     trainer = Trainer(model=..., optimizer=optimizer, ...)  # drives it
 """
@@ -44,6 +49,9 @@ class AdaScale(keras.optimizers.schedules.LearningRateSchedule):
             of the (reference) step, or a number.
         reference_batch_size: The batch `schedule` was tuned at.
         global_batch_size: This run's global batch.
+        reference_steps: The reference run's length in its steps (the
+            schedule's end); None: no end of its own (the run's step count
+            ends it, and a decaying schedule may reach its end rate early).
 
     The Trainer finds it on the optimizer (`follows_noise_scale`), calls
     `advance` after every step and keeps `variables` in its checkpoints.
@@ -52,10 +60,14 @@ class AdaScale(keras.optimizers.schedules.LearningRateSchedule):
     follows_noise_scale = True
 
     def __init__(self, schedule, reference_batch_size: int,
-                 global_batch_size: int):
+                 global_batch_size: int, reference_steps=None):
         if reference_batch_size <= 0 or global_batch_size <= 0:
             raise ValueError("AdaScale needs reference_batch_size > 0 and "
                              "global_batch_size > 0")
+        if reference_steps is not None and reference_steps <= 0:
+            raise ValueError(f"AdaScale needs reference_steps > 0, got "
+                             f"{reference_steps}")
+        self.reference_steps = reference_steps
         if global_batch_size < reference_batch_size:
             raise ValueError(
                 f"AdaScale scales up from the reference batch: global batch "
@@ -91,10 +103,12 @@ class AdaScale(keras.optimizers.schedules.LearningRateSchedule):
         value = (variance + square) / (variance / self.scale + square)
         return min(max(value, 1.0), self.scale)
 
-    def advance(self, estimate) -> None:
-        """After a step: its gain joins the progress, and the next step's
-        gain follows the latest estimate (`noise_scale.Estimate`)."""
-        self._progress.assign_add(self._gain)
+    def advance(self, estimate, skipped: bool = False) -> None:
+        """After a step: its gain joins the progress (not when the step was
+        skipped: it applied nothing), and the next step's gain follows the
+        latest estimate (`noise_scale.Estimate`)."""
+        if not skipped:
+            self._progress.assign_add(self._gain)
         if estimate.steps:
             self._gain.assign(self.gain(estimate.gradient_squared,
                                         estimate.trace))
@@ -106,13 +120,29 @@ class AdaScale(keras.optimizers.schedules.LearningRateSchedule):
         """Reference-batch steps walked so far."""
         return float(self._progress.numpy())
 
+    def finished(self) -> bool:
+        """The progress has reached `reference_steps`."""
+        return (self.reference_steps is not None
+                and self.progress() >= self.reference_steps)
+
+    def summary(self, steps: int) -> dict:
+        """What summary.json holds after `steps` steps of this run."""
+        progress = self.progress()
+        return {"steps": steps, "progress": progress,
+                "reference_steps": self.reference_steps,
+                "mean_gain": progress / steps if steps else None,
+                "gain": self.current_gain(),
+                "examples": steps * self.global_batch_size,
+                "finished": self.finished()}
+
     def get_config(self):
         schedule = self.schedule
         if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
             schedule = keras.saving.serialize_keras_object(schedule)
         return {"schedule": schedule,
                 "reference_batch_size": self.reference_batch_size,
-                "global_batch_size": self.global_batch_size}
+                "global_batch_size": self.global_batch_size,
+                "reference_steps": self.reference_steps}
 
     @classmethod
     def from_config(cls, config):

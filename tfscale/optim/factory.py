@@ -110,8 +110,10 @@ def make_learning_rate(config: OptimConfig, global_batch_size: int):
     """The (scaled) learning-rate schedule of `config`."""
     schedule = _base_schedule(config, global_batch_size)
     if config.scaling_rule == "adascale":
+        # The reference run's length is the schedule's: the run ends when
+        # AdaScale's progress reaches it (about total_steps / r steps).
         return AdaScale(schedule, config.reference_batch_size,
-                        global_batch_size)
+                        global_batch_size, reference_steps=config.total_steps)
     return schedule
 
 
