@@ -419,11 +419,54 @@ def fit_curve(batches, steps) -> Optional[tuple]:
     return float(s_min), float(slope / s_min)
 
 
+def leave_one_out(best: dict) -> Optional[tuple]:
+    """(lowest, highest) B_crit of the fits that leave one batch out (with
+    at least 3 batches); None otherwise."""
+    batches = sorted(best)
+    if len(batches) < 3:
+        return None
+    values = []
+    for left in batches:
+        kept = [b for b in batches if b != left]
+        fit = fit_curve(kept, [best[b]["steps"] for b in kept])
+        if fit:
+            values.append(fit[1])
+    return (min(values), max(values)) if values else None
+
+
+def _interval(run: dict) -> str:
+    low, high = run.get("b_simple_interval") or (None, None)
+    if low is None:
+        return ""
+    return f" ({low:,.0f}-{high:,.0f})" if high else f" (>= {low:,.0f})"
+
+
+def along_the_run(run: dict, fractions=(0.25, 0.5, 0.75, 1.0)) -> str:
+    """B_simple at the evaluations nearest these fractions of the steps to
+    the target ("w" marks a value whose window had not filled)."""
+    points = run.get("trajectory") or []
+    if not points or not run["steps"]:
+        return ""
+    cells = []
+    for fraction in fractions:
+        point = min(points, key=lambda p: abs(p["step"] - fraction
+                                               * run["steps"]))
+        value = point["b_simple"]
+        cells.append("-" if value is None else
+                     f"{value:,.0f}{'' if point['warmed_up'] else 'w'}")
+    return " / ".join(cells)
+
+
 def analyse(study: Study, results: List[dict], plot_path: str) -> str:
-    """The markdown section: per-optimizer table, fit, B_simple ratio."""
+    """The markdown section: per optimizer the tuned runs, the fit with its
+    leave-one-out range, B_simple at the target and along the run, and
+    what the ratio B_crit / B_simple spans."""
     lines = [f"Target: {study.metric} {'>=' if study.higher_is_better else '<='}"
-             f" {study.target}. Runs: {len(results)}.", ""]
-    fits = {}
+             f" {study.target}. Definition {study.digest()}; runs: "
+             f"{len(results)}. B_simple: SGD plain, AdamW and LAMB "
+             "preconditioned; 'w' marks a value whose 100-step window had "
+             "not filled.", ""]
+    fits, ratios, ranges = {}, [], {}
     for optimizer in [o for o in OPTIMIZERS
                       if any(r["optimizer"] == o for r in results)]:
         best = best_per_batch(results, optimizer)
@@ -432,33 +475,49 @@ def analyse(study: Study, results: List[dict], plot_path: str) -> str:
             continue
         batches = sorted(best)
         fit = fit_curve(batches, [best[b]["steps"] for b in batches])
+        loo = leave_one_out(best)
         fits[optimizer] = (best, fit)
+        ranges[optimizer] = loo
         reference = best.get(study.reference_batch)
-        lines += [f"**{optimizer}**" + (
-            f": S_min {fit[0]:.0f} steps, B_crit {fit[1]:.0f}, E_min "
-            f"{fit[0] * fit[1]:,.0f} examples" if fit else ": no fit"), "",
+        head = f"**{optimizer}**"
+        if fit:
+            head += (f": S_min {fit[0]:.0f} steps, B_crit {fit[1]:.0f}"
+                     + (f" (leave one batch out: {loo[0]:.0f}-{loo[1]:.0f})"
+                        if loo else "") +
+                     f", E_min {fit[0] * fit[1]:,.0f} examples")
+        else:
+            head += ": no fit"
+        lines += [head, "",
                   "| batch | steps | examples | tuned lr | linear rule | "
-                  "sqrt rule | B_simple at target | B_simple / B_crit |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "sqrt rule | B_simple at target (95%) | B_crit / B_simple "
+                  "| B_simple at 1/4, 1/2, 3/4, all of the steps |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for b in study.batches:
             r = best.get(b)
             if r is None:
                 tried = [x for x in results if x["optimizer"] == optimizer
                          and x["batch"] == b]
                 lines.append(f"| {b} | not reached ({len(tried)} rates) "
-                             "| | | | | | |")
+                             "| | | | | | | |")
                 continue
             linear = sqrt = ""
             if reference:
                 k = b / study.reference_batch
                 linear = f"{reference['rate'] * k:.3g}"
                 sqrt = f"{reference['rate'] * math.sqrt(k):.3g}"
-            ratio = (f"{r['b_simple'] / fit[1]:.2f}"
-                     if fit and r["b_simple"] else "")
-            b_simple = f"{r['b_simple']:.0f}" if r["b_simple"] else ""
+            ratio = ""
+            if fit and r["b_simple"]:
+                ratio = f"{fit[1] / r['b_simple']:.2f}"
+                if r.get("b_simple_warmed_up"):
+                    ratios.append((optimizer, b, fit[1] / r["b_simple"],
+                                   (loo or (fit[1], fit[1]))[0] / r["b_simple"],
+                                   (loo or (fit[1], fit[1]))[1] / r["b_simple"]))
+            b_simple = (f"{r['b_simple']:,.0f}"
+                        f"{'' if r.get('b_simple_warmed_up') else 'w'}"
+                        f"{_interval(r)}" if r["b_simple"] else "")
             lines.append(f"| {b} | {r['steps']} | {r['examples']:,} | "
                          f"{r['rate']:.3g} | {linear} | {sqrt} | "
-                         f"{b_simple} | {ratio} |")
+                         f"{b_simple} | {ratio} | {along_the_run(r)} |")
         seconds = [x for x in results if x["optimizer"] == optimizer
                    and x["seed"] != 1 and x["reached"]]
         for r in seconds:
@@ -468,6 +527,24 @@ def analyse(study: Study, results: List[dict], plot_path: str) -> str:
                              f"{r['rate']:.3g}): {r['steps']} steps (seed 1: "
                              f"{first['steps']}).")
         lines.append("")
+    if ratios:
+        point = [r[2] for r in ratios]
+        lines.append(
+            f"B_crit / B_simple at the target, over the {len(ratios)} tuned "
+            f"runs whose window had filled: {min(point):.2f}-{max(point):.2f}"
+            f" (median {float(np.median(point)):.2f}); with B_crit's "
+            f"leave-one-out range: {min(r[3] for r in ratios):.2f}-"
+            f"{max(r[4] for r in ratios):.2f}.")
+    known = {o: r for o, r in ranges.items() if r}
+    if len(known) > 1:
+        overlap = max(r[0] for r in known.values()) <= min(
+            r[1] for r in known.values())
+        lines.append(
+            "Leave-one-out B_crit ranges: " + ", ".join(
+                f"{o} {r[0]:.0f}-{r[1]:.0f}" for o, r in known.items())
+            + (": they overlap, so this study does not tell the optimizers'"
+               " critical batches apart." if overlap else
+               ": not all overlap."))
     _plot(study, fits, plot_path)
     return "\n".join(lines)
 

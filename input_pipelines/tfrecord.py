@@ -12,7 +12,7 @@ is `dataset_fns.py`; checking records and naming a bad one is
 
 Batch first, then parse the whole batch with one `tf.io.parse_example`: the
 fused map-and-batch of today, about 6x faster on 2 cores than parsing each
-example (DESIGN.md fact 5). `parse_example` is cheaper per record on bigger
+example (docs/facts.md, fact 5). `parse_example` is cheaper per record on bigger
 batches, so records are parsed in chunks of `parse_chunk_size` (2,048-4,096)
 and the parsed tensors are then sliced into batches with `rebatch`. Nothing
 runs per record on the hot path: no per-record map, no file-name tagging.

@@ -113,7 +113,7 @@ class BertEncoder(keras.Model):
 
     Transformer layers are attributes (`layer_0`, `layer_1`, ...), never a
     Python list: Keras tracks list members, but TensorFlow's checkpoint object
-    graph does not see them (DESIGN.md fact 14), so a `tf.train.Checkpoint`
+    graph does not see them (docs/facts.md, fact 14), so a `tf.train.Checkpoint`
     of a model holding its layers in a list silently lacks their weights.
 
     Call: `{"input_ids", "input_mask", "segment_ids"}` ->

@@ -100,3 +100,61 @@ def test_measurements_with_dates_live_in_benchmarks_readme():
              if DATED.search(line)]
     assert dated == []
     assert DATED.search((REPO / "benchmarks" / "README.md").read_text())
+
+
+JOB_PAGES = {"docs/bert.md": "models.tasks.run_pretraining",
+             "docs/image-job.md": "models.tasks.train_image_classifier"}
+
+
+def job_flags(module: str) -> set:
+    """The flags an entry point defines (not absl's), from a fresh process
+    (the two jobs cannot share one: both define their common flags)."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.argv = ['x']; import importlib; "
+            f"importlib.import_module({module!r}); from absl import flags; "
+            "print(' '.join(f.name for m, fl in flags.FLAGS."
+            "flags_by_module_dict().items() if not m.startswith('absl') "
+            "for f in fl))")
+    output = subprocess.run([sys.executable, "-c", code], cwd=REPO,
+                            capture_output=True, text=True, check=True)
+    return set(output.stdout.split())
+
+
+ABSL = {"flagfile", "helpfull", "help", "helpshort", "verbosity"}
+
+
+@pytest.mark.parametrize("page", sorted(JOB_PAGES))
+def test_a_jobs_flag_page_names_every_flag_and_no_other(page):
+    # The page's tables (lines that start with "|") name every flag the job
+    # defines; its flag reference rows ("| (group) |") name no other (the
+    # prose around may name other tools' flags).
+    lines = (REPO / page).read_text().splitlines()
+    defined = job_flags(JOB_PAGES[page])
+
+    def named(rows):
+        return {m.group(1) for row in rows for m in FLAG.finditer(row)}
+    tables = named(line for line in lines if line.startswith("|"))
+    reference = named(line for line in lines if line.startswith("| ("))
+    assert defined - tables == set(), f"{page} does not name these flags"
+    assert reference - defined - ABSL == set(), (
+        f"{page} names flags the job lacks")
+
+
+@pytest.mark.parametrize("command", [
+    ["run_pretraining.py"], ["train_image_classifier.py"], ["export_bert.py"],
+    ["-m", "input_pipelines.create_pretraining_data"],
+    ["-m", "input_pipelines.build_image_records"],
+    ["-m", "input_pipelines.index_records"]])
+def test_help_lists_the_flags(command):
+    import subprocess
+    import sys
+    output = subprocess.run([sys.executable, *command, "--help"], cwd=REPO,
+                            capture_output=True, text=True).stdout
+    listed = set(re.findall(r"^  --(?:\[no\])?([a-z0-9_]+)", output, re.M))
+    module = (command[1] if command[0] == "-m" else
+              {"run_pretraining.py": "models.tasks.run_pretraining",
+               "train_image_classifier.py":
+                   "models.tasks.train_image_classifier",
+               "export_bert.py": "models.tasks.export_bert"}[command[0]])
+    assert job_flags(module) <= listed and listed, output[-2000:]

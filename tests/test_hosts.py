@@ -1,5 +1,5 @@
 """More than one host, for real: network namespaces node1 and node2 with
-their own addresses, hostnames and sshd (`../shared/tools/local_hosts.sh`),
+their own addresses, hostnames and sshd (`tests/hosts/local_hosts.sh`),
 which Open MPI, ssh and gRPC see as separate nodes.
 
   - MPI (tfscale-run -np 4 -H node1:2,node2:2): ranks start on both hosts;
@@ -29,14 +29,13 @@ from tests.test_launch import processes_mentioning
 from tests.test_pretraining import corpus, pretrain_args  # noqa: F401
 
 pytestmark = pytest.mark.slow
-TOOL = os.path.join(os.path.dirname(REPO), "shared", "tools",
-                    "local_hosts.sh")
+TOOL = os.path.join(REPO, "tests", "hosts", "local_hosts.sh")
 
 
 @pytest.fixture(scope="module")
 def hosts():
     if not os.path.exists(TOOL) or os.geteuid() != 0:
-        pytest.skip("needs root and ../shared/tools/local_hosts.sh")
+        pytest.skip("needs root (tests/hosts/local_hosts.sh)")
     code, output = run_command(
         ["bash", "-c", f"source {TOOL} && local_hosts 2"], timeout=300)
     if code != 0:

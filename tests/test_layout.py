@@ -1,4 +1,6 @@
-"""The architecture's rules (DESIGN.md, STYLE.md), checked on the source."""
+"""The architecture's rules, checked on the source: the layout (README's
+"Layout"), the facts the code cites (docs/facts.md), a repository that
+stands alone."""
 
 import ast
 import pathlib
@@ -169,3 +171,39 @@ def test_nothing_but_the_packages_is_installed_and_root_files_are_shims():
                if isinstance(node, ast.ImportFrom) and node.module]
     assert not any(m.split(".")[0] in ("tensorflow", "keras", "tfscale")
                    and m != "tfscale" for m in loaded if m), loaded
+
+
+def tracked_text_files():
+    import subprocess
+    names = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for name in names:
+        path = REPO / name
+        if path.suffix in (".py", ".md", ".sh", ".sbatch", ".yaml", ".cfg",
+                           ".toml", ".txt", "") and path.is_file():
+            try:
+                yield name, path.read_text()
+            except UnicodeDecodeError:
+                continue
+
+
+def test_the_repository_stands_alone():
+    # A clone explains itself: nothing points to files outside it.
+    # (The names are split so that this file does not match itself.)
+    marks = ("../" + "shared", "DESIGN" + ".md")
+    outside = [name for name, text in tracked_text_files()
+               if any(mark in text for mark in marks)]
+    assert outside == []
+
+
+def test_every_fact_the_code_cites_is_in_docs_facts():
+    import re
+    facts = set(re.findall(r"^(\d+)\. ", (REPO / "docs" / "facts.md")
+                           .read_text(), flags=re.M))
+    cited = set()
+    for path in sources("tfscale", "models", "input_pipelines", "launch",
+                        "benchmarks", "tests"):
+        for match in re.finditer(r"\bfacts? (\d+)(?: and (\d+))?",
+                                 path.read_text()):
+            cited |= {n for n in match.groups() if n}
+    assert cited and cited <= facts, cited - facts

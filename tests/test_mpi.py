@@ -234,7 +234,7 @@ def slurm_pmix_available() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not slurm_pmix_available(), reason="no SLURM that starts "
-                    "a PMIx step here (../shared/tools/local_slurm.sh starts "
+                    "a PMIx step here (tests/hosts/local_slurm.sh starts "
                     "one; its pmix plugin needs libpmix)")
 def test_srun_mpi_pmix_runs_the_same_training(tmp_path, two_ranks):
     """srun --mpi=pmix (ranks from PMIx and SLURM, the PyPI Open MPI set up

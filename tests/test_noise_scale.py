@@ -533,6 +533,67 @@ def steps_to_target(noise, batch, reference, adascale, seed=0,
     return callback.step, gain
 
 
+def decaying_run(batch, reference, steps, adascale):
+    """A run of SGD on the noisy regression with a rate decaying linearly
+    from 0.01 to 0 over `steps` reference steps: (steps taken, |w - w*|^2
+    at the end, the Trainer's AdaScale summary)."""
+    x, y, target = noisy_regression(5.0, 0)
+    strategy = mirrored(["/cpu:0"])
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(
+            1, use_bias=False, kernel_initializer="zeros")])
+        schedule = keras.optimizers.schedules.PolynomialDecay(0.01, steps, 0.0)
+        if adascale:
+            schedule = AdaScale(schedule, reference, batch,
+                                reference_steps=steps)
+        optimizer = keras.optimizers.SGD(schedule)
+    trainer = Trainer(model=model, optimizer=optimizer,
+                      loss_fn=keras.losses.MeanSquaredError(),
+                      strategy=strategy,
+                      config=TrainConfig(global_batch_size=batch,
+                                         num_accumulation_steps=4,
+                                         log_steps=100, verbose=0))
+
+    def dataset_fn(context):
+        return (tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+                .shuffle(10_000, seed=0)
+                .batch(trainer.per_replica_batch_size))
+    trainer.fit(dataset_fn, steps_per_epoch=steps, epochs=1)
+    distance = float(((model.layers[0].kernel.numpy() - target) ** 2).sum())
+    return int(trainer.step.numpy()), distance, trainer.adascale_summary()
+
+
+def test_adascale_ends_where_the_reference_schedule_ends():
+    """The paper's end: at 4x the reference batch, AdaScale walks the
+    reference run's decaying schedule at the gain (about 4 here: B_simple is
+    in the hundreds) and stops when its progress reaches the reference
+    run's 1,600 steps: in about a quarter of them, at the reference run's
+    distance to the solution (within 30%: both end on a rate near 0, so
+    what is left is the noise of the last steps)."""
+    reference_steps, reference_distance, _ = decaying_run(8, 8, 1600, False)
+    steps, distance, summary = decaying_run(32, 8, 1600, True)
+    assert reference_steps == 1600
+    assert summary["finished"] and summary["progress"] >= 1600
+    assert summary["progress"] - summary["gain"] < 1600  # the first step past
+    assert steps == summary["steps"] and 1600 / 4 <= steps < 1600 / 3, summary
+    assert summary["mean_gain"] == pytest.approx(summary["progress"] / steps)
+    assert summary["examples"] == steps * 32
+    assert distance == pytest.approx(reference_distance, rel=0.3), (
+        distance, reference_distance)
+    assert distance < 0.05  # both converged, far from the start's 1.0
+
+
+def test_adascale_progress_skips_steps_that_applied_nothing():
+    schedule = AdaScale(0.1, 8, 32, reference_steps=3)
+    estimate = noise_scale.Estimate(1.0, 800.0, 5)  # var 100 >> |G|^2 1
+    schedule.advance(estimate)  # gain 1 (the first step), then about 3.9
+    schedule.advance(estimate, skipped=True)
+    assert schedule.progress() == pytest.approx(1.0)
+    assert not schedule.finished()
+    schedule.advance(estimate)
+    assert schedule.finished() and schedule.progress() > 3
+
+
 def test_adascale_takes_a_quarter_of_the_steps_at_4x_a_small_batch():
     """Noisy labels: B_simple is in the hundreds, so B = 32 is far below
     it, the gain approaches S = 4 and the target comes in ~1/4 the steps of

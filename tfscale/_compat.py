@@ -81,7 +81,7 @@ def disable_gradient_aggregation(optimizer):
     """Stops a Keras 3 optimizer from all-reducing gradients itself.
 
     Keras 3's TensorFlow optimizer sums gradients across replicas inside
-    `apply()` when it runs in a replica context (DESIGN.md fact 3). The
+    `apply()` when it runs in a replica context (docs/facts.md, fact 3). The
     Trainer all-reduces once itself (to time it, clip after it, check it for
     non-finite values and accumulate before it), so the optimizer must take
     the already-reduced gradients as they are; otherwise every update would
@@ -112,7 +112,7 @@ def disable_gradient_aggregation(optimizer):
 def fix_keras_multi_worker_bugs():
     """Lets plain Keras 3 `model.fit` run under MultiWorkerMirroredStrategy.
 
-    Works around keras-team/keras#20585 (DESIGN.md facts 1 and 6), two bugs
+    Works around keras-team/keras#20585 (docs/facts.md, facts 1 and 6), two bugs
     in `keras/src/backend/tensorflow/trainer.py`:
       * `_maybe_symbolic_build` calls `strategy.reduce("MEAN", batch)` on the
         first (PerReplica) batch, which fails under MWMS. Building only needs
@@ -305,7 +305,7 @@ def allow_calling_optimizer_variables() -> None:
     """Keras 3's `Optimizer.variables` as a `CallableList`.
 
     Horovod's TF2 examples broadcast `opt.variables()`: a method in Keras 2,
-    a list property in Keras 3 (DESIGN.md fact 23). Returning a list that
+    a list property in Keras 3 (docs/facts.md, fact 23). Returning a list that
     also answers a call lets those lines run unchanged; it is a list in
     every other respect. Idempotent.
     """

@@ -1,6 +1,6 @@
 """Chief-only files for Keras's own callbacks, on disk on every way out.
 
-Keras 3's file-writing callbacks have no notion of a chief (DESIGN.md fact
+Keras 3's file-writing callbacks have no notion of a chief (docs/facts.md, fact
 9): under MultiWorkerMirroredStrategy every worker would write, and race on,
 the same paths. Each worker still runs every callback (a callback may take
 part in collectives or decide `stop_training`), but on non-chief workers the

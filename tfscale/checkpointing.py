@@ -89,7 +89,7 @@ def unreachable_weights(model) -> list:
     """Model weights that `tf.train.Checkpoint(model=model)` would not save.
 
     Layers held in a plain Python list or dict of a subclassed Keras 3 model
-    are tracked by Keras but not by TensorFlow's object graph (DESIGN.md
+    are tracked by Keras but not by TensorFlow's object graph (docs/facts.md,
     fact 14).
     """
     holder = tf.train.Checkpoint(model=model)

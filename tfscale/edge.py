@@ -120,8 +120,23 @@ def entry_point(program: str, make_config: Callable, job: str) -> Callable:
 
     def run():
         from absl import app
+        list_flags_in_help()
         app.run(main)
     return run
+
+
+def list_flags_in_help() -> None:
+    """Makes `--help` list the project's flags. absl's `--help` shows the
+    key flags of the main module (the script or console script) only, and
+    an entry point's flags are defined in modules it imports (or in named
+    groups): each flag not absl's own becomes a key flag of the main module
+    (`--helpfull` lists them by group, with absl's)."""
+    from absl import flags
+    values = flags.FLAGS
+    for module, defined in values.flags_by_module_dict().items():
+        if module.split(".")[0] != "absl":
+            for flag in defined:
+                values.register_key_flag_for_module(sys.argv[0], flag)
 
 
 def raise_open_file_limit() -> int:

@@ -7,7 +7,7 @@ they learn it at once rather than after a timeout:
   - MPI: a rank that leaves through Python's normal exit calls
     `MPI_Finalize`, which waits for the others; they wait in their next
     `Allreduce` for it. Nothing ends the job until the collective timeout
-    (300 s by default; DESIGN.md fact 24). `MPI_Abort` instead makes the
+    (300 s by default; docs/facts.md, fact 24). `MPI_Abort` instead makes the
     launcher (mpirun, srun) end every rank.
   - MultiWorkerMirroredStrategy: a failed worker that goes through Python's
     normal exit runs TensorFlow's teardown, which can block for tens of

@@ -469,10 +469,12 @@ def done_summary(title: str, results: dict, unit: str = "examples") -> str:
         lines.append(sentence)
     adascale = results.get("adascale")
     if adascale:
+        of = (f" of the reference run's {adascale['reference_steps']}"
+              if adascale["reference_steps"] else "")
         lines.append(
             f"  AdaScale: {adascale['steps']} steps at mean gain "
-            f"{adascale['mean_gain'] or 0:.3g} walked {adascale['progress']:.0f}"
-            f" of the reference run's {adascale['reference_steps']} steps "
+            f"{adascale['mean_gain'] or 0:.3g} walked "
+            f"{adascale['progress']:.0f}{of} reference steps "
             f"({adascale['examples']:,} examples)")
     if "export" in results:
         lines.append(f"  export {results['export']}")

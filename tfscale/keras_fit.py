@@ -1,7 +1,7 @@
 """`model.fit` as a correct multi-worker citizen: `enable_multi_worker_fit()`.
 
 Keras 3's `fit` under MultiWorkerMirroredStrategy (MWMS) fails outright
-(DESIGN.md facts 1 and 6) and, once it runs, still treats every worker as if
+(docs/facts.md, facts 1 and 6) and, once it runs, still treats every worker as if
 it were alone. After `tfscale.enable_multi_worker_fit()`, a `fit` under MWMS:
 
   * writes files on the chief only: `ModelCheckpoint`, `TensorBoard`,

@@ -3,7 +3,7 @@
 SLURM and Kubernetes send SIGTERM some seconds before they kill a job. Under
 MultiWorkerMirroredStrategy TensorFlow's coordination service catches it and,
 unless something consumes the notice, training goes on until the SIGKILL
-(DESIGN.md fact 19); a single-worker process simply dies.
+(docs/facts.md, fact 19); a single-worker process simply dies.
 
 The Trainer consumes it without an extra collective: `SignalWatch` replaces
 the handler while `fit` runs and only records the signal. Each step's

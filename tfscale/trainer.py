@@ -1,6 +1,6 @@
 """`Trainer`: a `fit`-like loop for any Keras 3 model under any strategy.
 
-Keras 3's `model.fit` fails under MultiWorkerMirroredStrategy (DESIGN.md fact
+Keras 3's `model.fit` fails under MultiWorkerMirroredStrategy (docs/facts.md, fact
 1) and lacks what large-scale training needs (facts 7-11). The Trainer keeps
 `fit`'s contract (a dataset, epochs, steps, standard `keras.callbacks`) and
 adds: one all-reduce per optimizer step with gradient accumulation, clipping

@@ -138,7 +138,7 @@ def make_optimizer(config: OptimConfig, global_batch_size: int,
 
     Call under `strategy.scope()`. For AdamW, pass the model's trainable
     variables so the path-based decay exclusions can be resolved (Keras's own
-    `var_names` matches short names only; DESIGN.md fact 10).
+    `var_names` matches short names only; docs/facts.md, fact 10).
 
     Returns:
         A `keras.optimizers.Optimizer`.

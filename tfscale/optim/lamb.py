@@ -10,7 +10,7 @@ The update, per variable w with gradient g at step t:
     w = w - learning_rate * r * u
 
 Weight decay sits inside the trust ratio, as in the paper, BERT's and NVIDIA's
-LAMB. Keras 3's built-in `Lamb` applies decay outside it (DESIGN.md fact 10),
+LAMB. Keras 3's built-in `Lamb` applies decay outside it (docs/facts.md, fact 10),
 which is a different optimizer.
 
 Exclusions are regular expressions searched in each variable's *path*
