@@ -20,6 +20,7 @@ IMAGES_DIR ?= runs/images
 .PHONY: demo demo-images test install install-test clean
 
 $(VENV)/bin/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 12) else "tfscale needs Python 3.10-3.12 (setup.py python_requires); this $(PYTHON) is %d.%d: make PYTHON=python3.12" % sys.version_info[:2])'
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 

@@ -6,6 +6,8 @@ setup(
     name="tfscale",
     version="0.1.0",
     description="Multi-worker training toolkit for TensorFlow 2 and Keras 3",
+    license="Apache-2.0",
+    # TensorFlow 2.21's range; README "Install" and the Makefile say the same.
     python_requires=">=3.10,<3.13",
     # The four packages only; benchmarks and tests run from the checkout.
     packages=find_packages(include=["tfscale*", "input_pipelines*", "models*",
