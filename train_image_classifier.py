@@ -1,7 +1,7 @@
-"""ResNet-50 on ImageNet-format records, from a checkout: `python train_image_classifier.py --flags`
-(Google's and NVIDIA's command lines work unchanged). The code and its
-flags: `models/tasks/train_image_classifier.py`; installed, the console script is
-`tfscale-train-images`."""
+"""ResNet-50 on ImageNet-format records (TF-slim's format), from a checkout:
+`python train_image_classifier.py --flags` (docs/image-job.md lists them).
+The code and its flags: `models/tasks/train_image_classifier.py`; installed,
+the console script is `tfscale-train-images`."""
 
 from models.tasks.train_image_classifier import run
 

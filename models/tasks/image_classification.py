@@ -11,8 +11,8 @@ reference batch of 256, linear warmup, label smoothing, no weight decay on
 batch-norm parameters and biases), resumes from the latest checkpoint in
 `output_dir`, evaluates, and writes `summary.json`.
 
-Errors the user can fix are `ImageClassificationError`s (`jobs.JobError`):
-one line naming the setting (which is also the flag) and the file.
+Errors the user can fix are `jobs.JobError`s: one line naming the setting
+(which is also the flag) and the file.
 """
 
 import dataclasses
@@ -30,10 +30,6 @@ from tfscale import jobs
 # No weight decay on batch-norm scales and offsets or on biases (Goyal et
 # al.; keras.applications names its batch norms "..._bn").
 NO_DECAY = (r"_bn/", r"bias")
-
-
-# A problem the user can fix, in one line naming the setting (and flag).
-ImageClassificationError = jobs.JobError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,7 +78,7 @@ def train_and_evaluate(config: ImageClassificationConfig) -> dict:
         The results also written to `summary.json`.
 
     Raises:
-        ImageClassificationError: Bad records, files, checkpoint or cluster.
+        jobs.JobError: Bad records, files, checkpoint or cluster.
         Preempted: SIGTERM; the agreed step is saved (exit code 143).
     """
     return jobs.run(ImageClassification(config))

@@ -10,7 +10,7 @@ skeleton (`tfscale.jobs.run`) around BERT's records and model: it trains
 checkpoint in `output_dir`), evaluates, and writes Google's
 `eval_results.txt`, the export and `summary.json`.
 
-Errors the user can fix are `PretrainingError`s: one line, naming the
+Errors the user can fix are `jobs.JobError`s: one line, naming the
 setting (which is also the flag's name) and the file.
 """
 
@@ -26,10 +26,6 @@ from models import bert, bert_checkpoints, bert_export
 from models.bert_config import BertConfig
 from models.tasks.records import RecordsJobConfig, RecordsTask
 from tfscale import checkpointing, jobs
-
-
-# A problem the user can fix, in one line naming the setting (and flag).
-PretrainingError = jobs.JobError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,7 +61,7 @@ def train_and_evaluate(config: PretrainingConfig) -> dict:
         intervals, checkpoint, eval metrics, export).
 
     Raises:
-        PretrainingError: Bad records, files, checkpoint or cluster setup.
+        jobs.JobError: Bad records, files, checkpoint or cluster setup.
         Preempted: SIGTERM; the agreed step is saved (exit code 143).
     """
     return jobs.run(Pretraining(config))
