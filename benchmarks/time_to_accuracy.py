@@ -69,6 +69,7 @@ GIVE_UP = 3  # a run stops at this many times its batch's best examples
 STUDY_VERSION = 2
 NOISE_MODES = {"sgd": "plain", "adamw": "preconditioned",
                "lamb": "preconditioned"}
+SETTLED_STEPS = 500  # 5 windows of the noise scale's 100-step EMA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -535,6 +536,17 @@ def analyse(study: Study, results: List[dict], plot_path: str) -> str:
             f" (median {float(np.median(point)):.2f}); with B_crit's "
             f"leave-one-out range: {min(r[3] for r in ratios):.2f}-"
             f"{max(r[4] for r in ratios):.2f}.")
+        settled = [r for r in ratios
+                   if fits[r[0]][0][r[1]]["steps"] >= SETTLED_STEPS]
+        if settled:
+            lines.append(
+                f"In the {len(settled)} of them that ran at least "
+                f"{SETTLED_STEPS} steps (5 windows: the average is of "
+                "recent steps, not of the start): "
+                f"{min(r[2] for r in settled):.2f}-"
+                f"{max(r[2] for r in settled):.2f}; with the leave-one-out "
+                f"range: {min(r[3] for r in settled):.2f}-"
+                f"{max(r[4] for r in settled):.2f}.")
     known = {o: r for o, r in ranges.items() if r}
     if len(known) > 1:
         overlap = max(r[0] for r in known.values()) <= min(

@@ -41,6 +41,9 @@ def project_flags() -> set:
                                     r"\"--([\w-]+)\"", text))
             # Flags a loop defines from a table of names.
             flags |= set(re.findall(r"\(\"(\w+)\",\s*\"", text))
+    # The jobs' common flags (models/tasks/flags.py's table).
+    from models.tasks.flags import JOB_FLAG_TABLE
+    flags |= {name for _, _, name, _, _ in JOB_FLAG_TABLE}
     # absl's own, and other tools' snake_case flags the pages name.
     return flags | {"helpfull", "helpshort", "flagfile", "verbosity",
                     "noprogress", "noverify", "nodo_train", "bind_all",

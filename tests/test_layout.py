@@ -210,3 +210,18 @@ def test_every_fact_the_code_cites_is_in_docs_facts():
                                  path.read_text()):
             cited |= {n for n in match.groups() if n}
     assert cited and cited <= facts, cited - facts
+
+
+def test_each_flag_is_defined_in_one_place():
+    # The jobs' common flags come from models/tasks/flags.py (with each
+    # job's defaults), not from a copy per entry point.
+    import re
+    where = {}
+    for path in sources("models", "tfscale", "input_pipelines"):
+        for name in re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", path.read_text()):
+            where.setdefault(name, set()).add(str(path.relative_to(REPO)))
+    jobs = {"models/tasks/run_pretraining.py",
+            "models/tasks/train_image_classifier.py"}
+    twice = {name: files for name, files in where.items()
+             if len(files & jobs) > 1}
+    assert twice == {}

@@ -388,12 +388,17 @@ def test_the_closing_sentence_says_the_interval_and_a_range_not_a_point():
     assert ("B_simple 100 examples, 95% interval 80-125 (the last ~100 "
             "steps, at step 300)") in sentence
     assert "critical batch is about" not in sentence
-    low, high = noise_scale.STUDY_RATIO
+    assert f"{noise_scale.STUDY_RATIO_EARLY[0]:g}-" in sentence  # 300 < 500
+    low, high = noise_scale.STUDY_RATIO_EARLY
     lo, hi = 80.0 * low, 125.0 * high
     # Halving the batch: the steps grow the most for the largest B_noise.
     fewest = noise_scale.relative_cost(lo, 100, 50)[0]
     most = noise_scale.relative_cost(hi, 100, 50)[0]
     assert f"half the batch at {fewest:.2f}-{most:.2f}x the steps" in sentence
+    settled = noise_scale.closing_sentence(
+        dict(summary, steps_averaged=500), step=500)
+    assert (f"{noise_scale.STUDY_RATIO[0]:g}-{noise_scale.STUDY_RATIO[1]:g}x "
+            "B_simple, so") in settled
     unbounded = dict(summary, b_simple_interval=[80.0, None])
     assert "no upper bound yet, it prices no change of batch" in (
         noise_scale.closing_sentence(unbounded, step=300))

@@ -37,17 +37,11 @@ from tfscale import collectives
 from tfscale import noise_scale
 from tfscale import precision as precision_lib
 from tfscale.cluster import ClusterConfig
-from tfscale.errors import ConfigError
+from tfscale.errors import FLAG_OF_FIELD, ConfigError
 from tfscale.optim import OptimConfig, make_optimizer
 from tfscale.timing import IntervalLog
 from tfscale.train_config import TrainConfig
 from tfscale.trainer import Trainer
-
-
-# A config field -> the flag that sets it, where the names differ: the one
-# place a field becomes a flag in an error.
-FLAG_OF_FIELD = {"global_batch_size": "train_batch_size",
-                 "scaling_rule": "lr_scaling"}
 
 
 class JobError(Exception):

@@ -455,10 +455,14 @@ def relative_cost(b_noise: float, batch: float, other: float
 
 
 # B_crit / B_simple measured in the time-to-accuracy study (B_simple at the
-# step each run reached its target; docs/batch-size.md): the range of the
-# ratio over its runs. Advice prices a batch change over B_simple's interval
-# stretched by this range, nothing narrower.
-STUDY_RATIO = (0.5, 4.0)
+# step each tuned run reached its target, B_crit widened by its leave-one-
+# batch-out range; docs/batch-size.md): in runs of at least 5 windows of the
+# EMA, and in shorter ones, where the average still holds the first steps.
+# Advice prices a batch change over B_simple's interval stretched by the
+# range that applies, nothing narrower.
+STUDY_RATIO = (0.54, 4.04)
+STUDY_RATIO_EARLY = (0.51, 18.2)
+SETTLED_WINDOWS = 5
 
 
 def closing_sentence(summary: Optional[dict], step: int) -> str:
@@ -490,7 +494,9 @@ def closing_sentence(summary: Optional[dict], step: int) -> str:
     if not math.isfinite(high):
         return text + ("with no upper bound yet, it prices no change of "
                        "batch.")
-    lo, hi = low * STUDY_RATIO[0], high * STUDY_RATIO[1]
+    settled = summary.get("steps_averaged", 0) >= SETTLED_WINDOWS * window
+    ratio = STUDY_RATIO if settled else STUDY_RATIO_EARLY
+    lo, hi = low * ratio[0], high * ratio[1]
     half = [relative_cost(b, batch, batch / 2) for b in (lo, hi)]
     double = [relative_cost(b, batch, batch * 2) for b in (lo, hi)]
 
@@ -499,7 +505,8 @@ def closing_sentence(summary: Optional[dict], step: int) -> str:
         return f"{a:.2f}-{b:.2f}x"
     return text + (
         f"in the study (docs/batch-size.md) the measured critical batch was "
-        f"{STUDY_RATIO[0]:g}-{STUDY_RATIO[1]:g}x B_simple, so for a critical "
+        f"{ratio[0]:g}-{ratio[1]:g}x B_simple"
+        f"{'' if settled else ' measured this early'}, so for a critical "
         f"batch of {lo:,.0f}-{hi:,.0f}, S = S_min(1 + B_noise/B) and E = "
         f"E_min(1 + B/B_noise) put half the batch at {span(half, 0)} the "
         f"steps and {span(half, 1)} the examples, double the batch at "

@@ -1,9 +1,102 @@
 """Flags the job entry points share, and the configs they make of them
 (TensorFlow is not imported here: the entry points define flags before it
-loads). Each `define_*` takes the entry point's `module_name` section as
-`kwargs`; each `*_from_flags` reads parsed flag values."""
+loads). Each flag every job has is defined here once (`define_job_flags`,
+with the job's defaults); each `define_*` takes the entry point's
+`module_name` section as `kwargs`; each `*_from_flags` reads parsed flag
+values."""
 
 import os
+import sys
+
+from tfscale.errors import flag_message
+
+# The flags every job has: (concern, kind, name, help, enum choices). A job
+# gives each one its default (`define_job_flags`) and may reword its help.
+JOB_FLAG_TABLE = (
+    ("records", "integer", "shuffle_buffer_size", "Record shuffle buffer of "
+     "--input_order=sharded (held in each input checkpoint).", None),
+    ("records", "integer", "cycle_length", "Files read at once per worker.",
+     None),
+    ("records", "bool", "skip_corrupt_records", "Skip and count records that "
+     "do not parse.", None),
+    ("records", "enum", "input_order", "global: one seeded order, the same "
+     "records in each global batch on any worker count, exact resume on any "
+     "count; sharded: files dealt out per worker (for compressed or remote "
+     "records; the default with --data_service).", ("global", "sharded")),
+    ("optimizer", "integer", "train_batch_size", "Global batch per optimizer "
+     "step.", None),
+    ("optimizer", "integer", "num_accumulation_steps", "Micro-batches per "
+     "step.", None),
+    ("optimizer", "float", "learning_rate", "Peak learning rate (at "
+     "--reference_batch_size when --lr_scaling scales it).", None),
+    ("optimizer", "integer", "num_train_steps", "Optimizer steps (with "
+     "--lr_scaling=adascale: the reference run's steps; the run ends when "
+     "AdaScale's progress reaches them).", None),
+    ("optimizer", "integer", "num_warmup_steps", "Linear warmup steps.",
+     None),
+    ("optimizer", "enum", "lr_schedule", "Decay after warmup.",
+     ("polynomial", "cosine", "constant")),
+    ("optimizer", "enum", "lr_scaling", "Scale --learning_rate from "
+     "--reference_batch_size to --train_batch_size (adascale: by the gain "
+     "the gradient noise scale gives at every step; --optimizer=sgd).",
+     ("none", "linear", "sqrt", "adascale")),
+    ("optimizer", "integer", "reference_batch_size", "Batch --learning_rate "
+     "was tuned at.", None),
+    ("optimizer", "enum", "optimizer", "Optimizer.", ("lamb", "adamw", "sgd")),
+    ("optimizer", "float", "weight_decay", "Weight decay rate.", None),
+    ("optimizer", "float", "clip_global_norm", "Global-norm clip (0: none).",
+     None),
+    ("optimizer", "integer", "seed", "Seed of weights, dropout, shuffling and "
+     "augmentation.", None),
+    ("numerics", "enum", "precision", "Precision.",
+     ("float32", "mixed_bfloat16", "mixed_float16")),
+    ("numerics", "bool", "xla", "XLA-compile the forward/backward pass.",
+     None),
+    ("numerics", "bool", "deterministic", "Deterministic ops and input "
+     "order.", None),
+    ("run", "bool", "do_train", "Train (else evaluate the latest checkpoint "
+     "in --output_dir).", None),
+    ("run", "integer", "eval_batch_size", "Global evaluation batch.", None),
+    ("run", "integer", "max_eval_steps", "Evaluation batches at most.", None),
+    ("run", "string", "output_dir", "Checkpoints, TensorBoard, "
+     "summary.json.", None),
+    ("run", "integer", "save_checkpoints_steps", "Checkpoint interval.",
+     None),
+)
+
+
+def define_job_flags(flags, defaults: dict, helps=None, section=None) -> None:
+    """Defines `JOB_FLAG_TABLE` with the job's `defaults` ({name: value}, one for
+    every flag), help rewordings (`helps`: {name: text}) and `section`
+    (concern -> the `module_name` kwargs of the job's --helpfull section).
+
+    Raises:
+        KeyError: A flag has no default here (each job decides them all).
+    """
+    helps = helps or {}
+    for concern, kind, name, text, choices in JOB_FLAG_TABLE:
+        kwargs = section(concern) if section else {}
+        text = helps.get(name, text)
+        if kind == "enum":
+            getattr(flags, "DEFINE_enum")(name, defaults[name], list(choices),
+                                          text, **kwargs)
+        else:
+            getattr(flags, f"DEFINE_{kind}")(name, defaults[name], text,
+                                             **kwargs)
+    unknown = set(defaults) - {name for _, _, name, _, _ in JOB_FLAG_TABLE}
+    if unknown:
+        raise KeyError(f"defaults for flags that are not job flags: "
+                       f"{sorted(unknown)}")
+
+
+def fail(program: str, message: str):
+    """One line on stderr naming the program, non-zero exit."""
+    sys.exit(f"{program}: error: {message}")
+
+
+def fail_on_config(program: str, error: ValueError, flags_values):
+    """A config's ValueError as one line in flag names, and exit."""
+    fail(program, flag_message(str(error), flags_values))
 
 
 def define_data_service_flags(flags, **kwargs) -> None:

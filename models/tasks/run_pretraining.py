@@ -16,15 +16,14 @@ This file is the edge: it defines the flags (grouped by concern in
 """
 
 import os
-import re
-import sys
 
 from absl import flags
 
+from models.tasks import flags as flags_lib
 from models.tasks.flags import (cluster_from_flags, data_service_from_flags,
                                 define_cluster_flags,
-                                define_data_service_flags, train_from_flags,
-                                train_records_from_flags)
+                                define_data_service_flags, define_job_flags,
+                                train_from_flags, train_records_from_flags)
 from tfscale import edge
 from tfscale.edge import define_noise_scale_flags
 
@@ -44,18 +43,6 @@ flags.DEFINE_string("eval_input_file", None, "Evaluation records (default "
 flags.DEFINE_integer("max_seq_length", 128, "Tokens per record.", **DATA)
 flags.DEFINE_integer("max_predictions_per_seq", 20, "Masked tokens per record.",
                      **DATA)
-flags.DEFINE_integer("shuffle_buffer_size", 10000, "Record shuffle buffer "
-                     "(--input_order=sharded).",
-                     **DATA)
-flags.DEFINE_integer("cycle_length", 2, "Files read at once per worker.",
-                     **DATA)
-flags.DEFINE_bool("skip_corrupt_records", False, "Skip and log bad records.",
-                  **DATA)
-flags.DEFINE_enum("input_order", "global", ["global", "sharded"],
-                  "global: one seeded order, the same records in each global "
-                  "batch on any worker count, exact resume on any count; "
-                  "sharded: files dealt out per worker (for compressed or "
-                  "remote records; the default with --data_service).", **DATA)
 define_data_service_flags(flags, **DATA)
 
 MODEL = _concern(2, "model")
@@ -73,55 +60,33 @@ flags.DEFINE_string("init_checkpoint", None,
                     **MODEL)
 
 OPTIM = _concern(3, "optimizer and schedule")
-flags.DEFINE_integer("train_batch_size", 32, "Global batch per optimizer step.",
-                     **OPTIM)
-flags.DEFINE_integer("num_accumulation_steps", 1, "Micro-batches per step.",
-                     **OPTIM)
-flags.DEFINE_float("learning_rate", 1e-4, "Peak learning rate.", **OPTIM)
-flags.DEFINE_integer("num_train_steps", 1000, "Optimizer steps.", **OPTIM)
-flags.DEFINE_integer("num_warmup_steps", 100, "Linear warmup steps.", **OPTIM)
-flags.DEFINE_enum("lr_schedule", "polynomial", ["polynomial", "cosine",
-                                                "constant"],
-                  "Decay after warmup.", **OPTIM)
-flags.DEFINE_enum("lr_scaling", "none", ["none", "linear", "sqrt", "adascale"],
-                  "Scale --learning_rate from --reference_batch_size "
-                  "(adascale: by the gain the gradient noise scale gives at "
-                  "every step; --optimizer=sgd).", **OPTIM)
-flags.DEFINE_integer("reference_batch_size", 0, "Batch the rate was tuned at.",
-                     **OPTIM)
-flags.DEFINE_enum("optimizer", "lamb", ["lamb", "adamw", "sgd"], "Optimizer.",
-                  **OPTIM)
-flags.DEFINE_float("weight_decay", 0.01, "Weight decay rate.", **OPTIM)
-flags.DEFINE_float("clip_global_norm", 1.0, "Global-norm clip (0: none).",
-                   **OPTIM)
-flags.DEFINE_integer("seed", 12345, "Seed of weights, dropout and shuffling.",
-                     **OPTIM)
-
 SPEED = _concern(4, "numerics and distribution")
-flags.DEFINE_enum("precision", "float32",
-                  ["float32", "mixed_bfloat16", "mixed_float16"], "Precision.",
-                  **SPEED)
-flags.DEFINE_bool("xla", False, "XLA-compile the forward/backward pass.",
-                  **SPEED)
-flags.DEFINE_bool("deterministic", False, "Deterministic ops and input order.",
-                  **SPEED)
+RUN = _concern(5, "what to run, output")
+define_job_flags(
+    flags, section={"records": DATA, "optimizer": OPTIM, "numerics": SPEED,
+                    "run": RUN}.get,
+    defaults=dict(shuffle_buffer_size=10000, cycle_length=2,
+                  skip_corrupt_records=False, input_order="global",
+                  train_batch_size=32, num_accumulation_steps=1,
+                  learning_rate=1e-4, num_train_steps=1000,
+                  num_warmup_steps=100, lr_schedule="polynomial",
+                  lr_scaling="none", reference_batch_size=0,
+                  optimizer="lamb", weight_decay=0.01, clip_global_norm=1.0,
+                  seed=12345, precision="float32", xla=False,
+                  deterministic=False, do_train=True, eval_batch_size=32,
+                  max_eval_steps=100, output_dir=None,
+                  save_checkpoints_steps=1000),
+    helps={"do_train": "Train. (Google's default is False; tfscale trains "
+                       "unless --do_train=False.)",
+           "output_dir": "Checkpoints, TensorBoard, export, "
+                         "eval_results.txt, summary.json."})
+
 define_cluster_flags(flags, **SPEED)
 
-RUN = _concern(5, "what to run, output")
-flags.DEFINE_bool("do_train", True,
-                  "Train. (Google's default is False; tfscale trains unless "
-                  "--do_train=False.)", **RUN)
 flags.DEFINE_bool("do_eval", False,
                   "Evaluate at the end, on --eval_input_file or else on "
                   "--input_file, and write eval_results.txt in --output_dir.",
                   **RUN)
-flags.DEFINE_integer("eval_batch_size", 32, "Global evaluation batch.", **RUN)
-flags.DEFINE_integer("max_eval_steps", 100, "Evaluation batches at most.",
-                     **RUN)
-flags.DEFINE_string("output_dir", None, "Checkpoints, TensorBoard, export, "
-                    "eval_results.txt, summary.json.", **RUN)
-flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint interval.",
-                     **RUN)
 flags.DEFINE_integer("iterations_per_loop", 100,
                      "Steps per host loop: the steps one call of the "
                      "compiled step runs (the host reads the device once per "
@@ -181,37 +146,9 @@ for _alias, _original in (("log_steps", "iterations_per_loop"),
                           ("warmup_steps", "num_warmup_steps"),
                           ("model_dir", "output_dir")):
     flags.DEFINE_alias(_alias, _original, **NVIDIA)
-# `--help` lists every flag (ungrouped); `--helpfull` groups them.
-for _name in list(FLAGS):
-    if (FLAGS.find_module_defining_flag(_name) or "").startswith(
-            "run_pretraining ("):
-        flags.declare_key_flag(_name)
-
-# Config fields whose flag has another name (errors name the flag).
-FLAG_OF_FIELD = {"global_batch_size": "train_batch_size",
-                 "total_steps": "num_train_steps",
-                 "warmup_steps": "num_warmup_steps",
-                 "schedule": "lr_schedule", "scaling_rule": "lr_scaling",
-                 "log_steps": "iterations_per_loop", "jit_compile": "xla",
-                 "collective_timeout_seconds": "collective_timeout",
-                 "connect_timeout_seconds": "connect_timeout",
-                 "order": "input_order"}
-
-
 def fail(message: str):
     """One line on stderr, non-zero exit."""
-    sys.exit(f"run_pretraining: error: {message}")
-
-
-def flag_message(message: str) -> str:
-    """A config's ValueError in flag names: "global_batch_size must be > 0"
-    -> "--train_batch_size must be > 0"."""
-    for field, flag in FLAG_OF_FIELD.items():
-        message = re.sub(rf"(?<![-\w]){field}\b", f"--{flag}", message)
-    first = message.split(" ", 1)[0]
-    if first in FLAGS:
-        message = "--" + message
-    return message
+    flags_lib.fail("run_pretraining", message)
 
 
 def _directory_glob(directory):
@@ -306,7 +243,7 @@ def config_from_flags():
             seed=FLAGS.seed,
             deterministic=FLAGS.deterministic)
     except ValueError as e:
-        fail(flag_message(str(e)))
+        flags_lib.fail_on_config("run_pretraining", e, FLAGS)
 
 
 # The console script (and the root run_pretraining.py).

@@ -17,14 +17,13 @@ This file is the edge: flags -> one frozen `ImageClassificationConfig` ->
 `image_classification.train_and_evaluate`.
 """
 
-import sys
-
 from absl import flags
 
+from models.tasks import flags as flags_lib
 from models.tasks.flags import (cluster_from_flags, data_service_from_flags,
                                 define_cluster_flags,
-                                define_data_service_flags, train_from_flags,
-                                train_records_from_flags)
+                                define_data_service_flags, define_job_flags,
+                                train_from_flags, train_records_from_flags)
 from tfscale import edge
 from tfscale.edge import define_noise_scale_flags
 
@@ -41,57 +40,32 @@ flags.DEFINE_integer("label_offset", 1, "Label of the first class in the "
 flags.DEFINE_enum("image_dtype", "uint8", ["uint8", "float32", "bfloat16",
                                            "float16"],
                   "Pixel dtype out of the pipeline (the model standardizes).")
-flags.DEFINE_integer("shuffle_buffer_size", 1024, "Record shuffle buffer of "
-                     "--input_order=sharded "
-                     "(held in each input checkpoint).")
-flags.DEFINE_integer("cycle_length", 2, "Files read at once per worker.")
-flags.DEFINE_bool("skip_corrupt_records", False, "Skip and count records "
-                  "whose JPEG cannot be decoded.")
-flags.DEFINE_enum("input_order", "global", ["global", "sharded"],
-                  "global: one seeded order and crops, the same records in "
-                  "each global batch on any worker count, exact resume on "
-                  "any count; sharded: files dealt out per worker (the "
-                  "default with --data_service).")
 define_data_service_flags(flags)
-
-flags.DEFINE_integer("train_batch_size", 256, "Global batch per step.")
-flags.DEFINE_integer("num_accumulation_steps", 1, "Micro-batches per step.")
-flags.DEFINE_enum("optimizer", "sgd", ["sgd", "lamb", "adamw"], "Optimizer "
-                  "(sgd: with --momentum).")
-flags.DEFINE_float("learning_rate", 0.1, "Peak learning rate at "
-                   "--reference_batch_size.")
-flags.DEFINE_enum("lr_scaling", "linear", ["none", "linear", "sqrt",
-                                           "adascale"],
-                  "Scale --learning_rate to --train_batch_size.")
-flags.DEFINE_integer("reference_batch_size", 256, "Batch --learning_rate is "
-                     "given for.")
-flags.DEFINE_enum("lr_schedule", "cosine", ["cosine", "polynomial",
-                                            "constant"], "Decay after warmup.")
-flags.DEFINE_integer("num_train_steps", 1000, "Optimizer steps.")
-flags.DEFINE_integer("num_warmup_steps", 100, "Linear warmup steps (Goyal "
-                     "et al.: 5 epochs).")
+define_job_flags(
+    flags,
+    defaults=dict(shuffle_buffer_size=1024, cycle_length=2,
+                  skip_corrupt_records=False, input_order="global",
+                  train_batch_size=256, num_accumulation_steps=1,
+                  learning_rate=0.1, num_train_steps=1000,
+                  num_warmup_steps=100, lr_schedule="cosine",
+                  lr_scaling="linear", reference_batch_size=256,
+                  optimizer="sgd", weight_decay=1e-4, clip_global_norm=0.0,
+                  seed=12345, precision="float32", xla=False,
+                  deterministic=False, do_train=True, eval_batch_size=256,
+                  max_eval_steps=0, output_dir=None,
+                  save_checkpoints_steps=1000),
+    helps={"skip_corrupt_records": "Skip and count records whose JPEG "
+                                   "cannot be decoded.",
+           "optimizer": "Optimizer (sgd: with --momentum).",
+           "weight_decay": "Weight decay (none on batch norms and biases).",
+           "num_warmup_steps": "Linear warmup steps (Goyal et al.: 5 "
+                               "epochs).",
+           "max_eval_steps": "Evaluation batches at most (0: all records).",
+           "seed": "Seed of weights and augmentation."})
 flags.DEFINE_float("momentum", 0.9, "SGD momentum.")
-flags.DEFINE_float("weight_decay", 1e-4, "Weight decay (none on batch norms "
-                   "and biases).")
 flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing.")
-flags.DEFINE_float("clip_global_norm", 0.0, "Global-norm clip (0: none).")
-flags.DEFINE_integer("seed", 12345, "Seed of weights and augmentation.")
-
-flags.DEFINE_enum("precision", "float32",
-                  ["float32", "mixed_bfloat16", "mixed_float16"], "Precision.")
-flags.DEFINE_bool("xla", False, "XLA-compile the forward/backward pass.")
-flags.DEFINE_bool("deterministic", False, "Deterministic ops and input "
-                  "order.")
 define_cluster_flags(flags)
 
-flags.DEFINE_string("output_dir", None, "Checkpoints, TensorBoard, "
-                    "summary.json.")
-flags.DEFINE_bool("do_train", True, "Train (else evaluate the latest "
-                  "checkpoint in --output_dir).")
-flags.DEFINE_integer("eval_batch_size", 256, "Global evaluation batch.")
-flags.DEFINE_integer("max_eval_steps", 0, "Evaluation batches at most (0: "
-                     "all records).")
-flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint interval.")
 flags.DEFINE_integer("log_steps", 100, "Loss/throughput log interval, and "
                      "the most steps one call of the compiled step runs (the "
                      "host reads the device once per call).")
@@ -102,7 +76,7 @@ define_noise_scale_flags(flags)
 
 
 def fail(message: str):
-    sys.exit(f"train_image_classifier: error: {message}")
+    flags_lib.fail("train_image_classifier", message)
 
 
 def config_from_flags():
@@ -152,22 +126,7 @@ def config_from_flags():
             seed=FLAGS.seed,
             deterministic=FLAGS.deterministic)
     except ValueError as e:
-        fail(flag_message(str(e)))
-
-
-# Config fields whose flag has another name (errors name the flag).
-FLAG_OF_FIELD = {"global_batch_size": "train_batch_size",
-                 "total_steps": "num_train_steps",
-                 "warmup_steps": "num_warmup_steps",
-                 "output_dtype": "image_dtype", "schedule": "lr_schedule",
-                 "scaling_rule": "lr_scaling", "order": "input_order"}
-
-
-def flag_message(message: str) -> str:
-    """A config's ValueError in flag names."""
-    first, _, rest = message.partition(" ")
-    flag = FLAG_OF_FIELD.get(first, first)
-    return f"--{flag} {rest}" if flag in FLAGS else message
+        flags_lib.fail_on_config("train_image_classifier", e, FLAGS)
 
 
 # The console script (and the root train_image_classifier.py).
