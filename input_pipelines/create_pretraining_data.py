@@ -79,139 +79,201 @@ engine.define_flags(flags)
 CORPUS_BYTES_PER_PROCESS = 4 << 20
 
 
-def main(argv):
-    del argv
-    from tfscale.edge import quiet_tensorflow
-    quiet_tensorflow(FLAGS.verbosity)
-    from input_pipelines import shard_writer
+def fail(message: str):
+    sys.exit(f"create_pretraining_data: error: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class WriterConfig:
+    """What one run writes, from the flags (parsed once, checked here)."""
+
+    inputs: tuple
+    output_file: str
+    vocab_file: str
+    vocab_size: int
+    lower_case: bool
+    instances: bi.InstanceConfig
+    spec: object  # bert_records.BertRecordSpec
+    seed: int
+    shards: int
+    piece_bytes: int
+    engine: engine.EngineConfig
+    progress: bool
+
+
+def config_from_flags() -> WriterConfig:
+    """FLAGS -> a `WriterConfig`; exits with one line naming the flag."""
     from input_pipelines.bert_records import BertRecordSpec
     from input_pipelines.record_files import expand_files
     for name in ("input_file", "output_file", "vocab_file"):
         if not getattr(FLAGS, name):
-            sys.exit(f"create_pretraining_data: error: --{name} is required")
-    try:
-        engine_config = engine.config_from_flags(
-            FLAGS, FLAGS.num_processes)
-    except ValueError as e:
-        sys.exit(f"create_pretraining_data: error: {e}")
+            fail(f"--{name} is required")
     if FLAGS.piece_mb < 1:
-        sys.exit("create_pretraining_data: error: --piece_mb must be >= 1")
-    piece_bytes = FLAGS.piece_mb << 20
+        fail("--piece_mb must be >= 1")
     if FLAGS.num_output_shards < 1 or FLAGS.dupe_factor < 1:
-        sys.exit("create_pretraining_data: error: --num_output_shards and "
-                 "--dupe_factor must be >= 1")
+        fail("--num_output_shards and --dupe_factor must be >= 1")
     try:
-        inputs = expand_files(FLAGS.input_file)
-        spec = BertRecordSpec(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq)
+        return WriterConfig(
+            inputs=tuple(expand_files(FLAGS.input_file)),
+            output_file=FLAGS.output_file, vocab_file=FLAGS.vocab_file,
+            vocab_size=FLAGS.vocab_size, lower_case=FLAGS.do_lower_case,
+            instances=bi.InstanceConfig(
+                FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
+                FLAGS.masked_lm_prob, FLAGS.short_seq_prob,
+                FLAGS.dupe_factor),
+            spec=BertRecordSpec(FLAGS.max_seq_length,
+                                FLAGS.max_predictions_per_seq),
+            seed=FLAGS.random_seed, shards=FLAGS.num_output_shards,
+            piece_bytes=FLAGS.piece_mb << 20,
+            engine=engine.config_from_flags(FLAGS, FLAGS.num_processes),
+            progress=FLAGS.progress)
     except ValueError as e:
-        sys.exit(f"create_pretraining_data: error: {e}")
-    if not os.path.exists(FLAGS.vocab_file):
-        # Learning a vocabulary reads the corpus here, in one process: for
-        # a corpus beyond one host, learn it on a sample and pass it.
+        fail(str(e))
+
+
+def load_or_learn_vocab(config: WriterConfig) -> list:
+    """The vocabulary, learned from the corpus and written first when
+    --vocab_file does not exist (in this process: for a corpus beyond one
+    host, learn it on a sample and pass it)."""
+    if not os.path.exists(config.vocab_file):
         try:
-            lines = [line for name in inputs for line in buckets.read_text(name)]
+            lines = [line for name in config.inputs
+                     for line in buckets.read_text(name)]
         except ValueError as e:
-            sys.exit(f"create_pretraining_data: error: --input_file: {e}")
+            fail(f"--input_file: {e}")
         logging.info("learning a %d-token vocab from %d lines",
-                     FLAGS.vocab_size, len(lines))
-        vocab = bi.build_vocab(lines, FLAGS.vocab_size, FLAGS.do_lower_case)
+                     config.vocab_size, len(lines))
+        vocab = bi.build_vocab(lines, config.vocab_size, config.lower_case)
         del lines
-        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.vocab_file)),
+        os.makedirs(os.path.dirname(os.path.abspath(config.vocab_file)),
                     exist_ok=True)
-        with open(FLAGS.vocab_file, "w", encoding="utf-8") as f:
+        with open(config.vocab_file, "w", encoding="utf-8") as f:
             f.write("\n".join(vocab) + "\n")
-    vocab = bi.load_vocab(FLAGS.vocab_file)
-    ids = bi.SpecialIds(vocab.index("[CLS]"), vocab.index("[SEP]"),
-                     vocab.index("[MASK]"), len(vocab))
-    shards = FLAGS.num_output_shards
-    config = bi.InstanceConfig(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
-                               FLAGS.masked_lm_prob, FLAGS.short_seq_prob,
-                               FLAGS.dupe_factor)
-    names = bi.shard_names(FLAGS.output_file, shards)
-    folder, stem = os.path.split(os.path.abspath(FLAGS.output_file))
+    return bi.load_vocab(config.vocab_file)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a run writes: the shards, the bucket folder of its plan, the
+    shards an earlier run of the same plan completed."""
+
+    names: list
+    workdir: str
+    kept: set
+    input_bytes: int
+
+
+def plan_output(config: WriterConfig) -> Layout:
+    """The run's plan (`shard_writer.Plan`: its digest covers the inputs by
+    name, size and time, the vocabulary, every setting), after refusing
+    shards of another count; shards of another plan are removed."""
+    from input_pipelines import shard_writer
+    names = bi.shard_names(config.output_file, config.shards)
+    folder, stem = os.path.split(os.path.abspath(config.output_file))
     stem = os.path.splitext(stem)[0]
     os.makedirs(folder, exist_ok=True)
-    with open(FLAGS.vocab_file, "rb") as f:
+    with open(config.vocab_file, "rb") as f:
         vocab_digest = hashlib.sha256(f.read()).hexdigest()
     # The inputs by name, size and modification time: the client never
     # reads the corpus.
     stats = [(name, os.path.getsize(name), os.stat(name).st_mtime_ns)
-             for name in inputs]
+             for name in config.inputs]
     plan = shard_writer.Plan(
         os.path.join(folder, f".{stem}.manifest.json"),
         names, shard_writer.Plan.digest_of(
-            vocab_digest, stats, dataclasses.asdict(config),
-            FLAGS.do_lower_case, FLAGS.random_seed, shards,
-            dataclasses.asdict(spec)))
+            vocab_digest, stats, dataclasses.asdict(config.instances),
+            config.lower_case, config.seed, config.shards,
+            dataclasses.asdict(config.spec)))
     other = shard_writer.other_shards(
         os.path.join(folder, f"{stem}-*-of-*{os.path.splitext(names[0])[1]}"),
         names)
     if other:
-        sys.exit(f"create_pretraining_data: error: --num_output_shards="
-                 f"{shards}: {folder} already holds {other[0]} ({len(other)} "
-                 "files of another shard count, which a glob of the shards "
-                 "would read too); remove them or choose another "
-                 "--output_file")
+        fail(f"--num_output_shards={config.shards}: {folder} already holds "
+             f"{other[0]} ({len(other)} files of another shard count, which "
+             "a glob of the shards would read too); remove them or choose "
+             "another --output_file")
     kept = plan.keep()
     workdir = os.path.join(folder, f".{stem}.buckets-{plan.digest[:16]}")
     os.makedirs(workdir, exist_ok=True)
-    start = time.monotonic()
-    leftovers = shard_writer.remove_leftovers(names)
-    todo = [g for g in range(shards) if g not in kept]
-    # One set of processes for both stages: one per core, but no more than
-    # the corpus pays back (CORPUS_BYTES_PER_PROCESS each).
-    processes = engine.processes_for(
-        engine_config.processes, len(todo),
-        sum(size for _, size, _ in stats) if todo else 0,
-        CORPUS_BYTES_PER_PROCESS)
+    return Layout(names, workdir, kept, sum(size for _, size, _ in stats))
+
+
+def write_shards(config: WriterConfig, layout: Layout, ids) -> tuple:
+    """Both stages on one set of processes; returns ((documents, instances)
+    per written shard, temporary files removed)."""
+    from input_pipelines import shard_writer
+    todo = [g for g in range(config.shards) if g not in layout.kept]
+    if not todo:
+        return [], shard_writer.remove_leftovers(layout.names)
+    # One per core, but no more than the corpus pays back.
+    processes = engine.processes_for(config.engine.processes, len(todo),
+                                     layout.input_bytes,
+                                     CORPUS_BYTES_PER_PROCESS)
+    leftovers = shard_writer.remove_leftovers(layout.names)
     try:
-        with engine.Session(engine_config, processes) as session:
-            # Stage one: every input file's documents into the shards' buckets.
+        with engine.Session(config.engine, processes) as session:
+            # Stage one: every input file's documents into the buckets.
             parts = session.run(
-                [buckets.SplitTask(name, i, shards, FLAGS.random_seed, workdir,
-                                   piece_bytes)
-                 for i, name in enumerate(inputs)] if todo else [],
-                buckets.split_file, work=[1] * (len(inputs) if todo else 0),
+                [buckets.SplitTask(name, i, config.shards, config.seed,
+                                   layout.workdir, config.piece_bytes)
+                 for i, name in enumerate(config.inputs)],
+                buckets.split_file, work=[1] * len(config.inputs),
                 describe=lambda t: t.path, unit="input file",
-                show_progress=FLAGS.progress)
+                show_progress=config.progress)
             per_bucket = [sum(p["documents"][g] for p in parts)
-                          for g in range(shards)]
-            if todo and sum(per_bucket) < shards:
-                sys.exit(f"create_pretraining_data: error: --num_output_shards="
-                         f"{shards} is more than the {sum(per_bucket)} documents "
-                         "of --input_file")
+                          for g in range(config.shards)]
+            if sum(per_bucket) < config.shards:
+                fail(f"--num_output_shards={config.shards} is more than the "
+                     f"{sum(per_bucket)} documents of --input_file")
             # Stage two: one bucket -> one output shard.
             results = session.run(
-                [bi.ShardTask(names[g], workdir,
+                [bi.ShardTask(layout.names[g], layout.workdir,
                               tuple(buckets.bucket_ranges(parts, g)),
-                              FLAGS.vocab_file, FLAGS.do_lower_case, config,
-                              ids, f"{FLAGS.random_seed}/{g}", spec,
-                              piece_bytes) for g in todo],
+                              config.vocab_file, config.lower_case,
+                              config.instances, ids, f"{config.seed}/{g}",
+                              config.spec, config.piece_bytes)
+                 for g in todo],
                 bi.write_instance_shard,
-                work=[per_bucket[g] * FLAGS.dupe_factor for g in todo],
+                work=[per_bucket[g] * config.instances.dupe_factor
+                      for g in todo],
                 describe=lambda t: os.path.basename(t.name), unit="document",
-                show_progress=FLAGS.progress)
+                show_progress=config.progress)
     except (OSError, ValueError, engine.TaskError) as e:
-        sys.exit(f"create_pretraining_data: error: {e}")
+        fail(str(e))
     finally:
         # No attempt runs now (after an error the engine stops the running
         # tasks and waits for them): what they left half-written goes.
-        leftovers += shard_writer.remove_leftovers(names)
-        leftovers += buckets.remove_leftovers(workdir)
-    shutil.rmtree(workdir, ignore_errors=True)
+        leftovers += shard_writer.remove_leftovers(layout.names)
+        leftovers += buckets.remove_leftovers(layout.workdir)
+    return results, leftovers
+
+
+def main(argv):
+    del argv
+    from tfscale.edge import quiet_tensorflow
+    quiet_tensorflow(FLAGS.verbosity)
+    config = config_from_flags()
+    vocab = load_or_learn_vocab(config)
+    ids = bi.SpecialIds(vocab.index("[CLS]"), vocab.index("[SEP]"),
+                        vocab.index("[MASK]"), len(vocab))
+    layout = plan_output(config)
+    start = time.monotonic()
+    results, leftovers = write_shards(config, layout, ids)
+    shutil.rmtree(layout.workdir, ignore_errors=True)
     seconds = time.monotonic() - start
     made = sum(r[0] for r in results)
     instances = sum(r[1] for r in results)
-    kept_note = (f"; kept {len(kept)} complete shards of an earlier run"
-                 if kept else "")
+    notes = (f"; kept {len(layout.kept)} complete shards of an earlier run"
+             if layout.kept else "")
     if leftovers:
-        kept_note += (f"; removed {leftovers} temporary file(s) of attempts "
-                      "that died")
+        notes += (f"; removed {leftovers} temporary file(s) of attempts that "
+                  "died")
     print(f"wrote {instances} instances from {made} documents "
-          f"(x{FLAGS.dupe_factor} passes) in {seconds:.1f} s "
+          f"(x{config.instances.dupe_factor} passes) in {seconds:.1f} s "
           f"({made / max(seconds, 1e-9):.1f} documents/s, "
           f"{instances / max(seconds, 1e-9):.1f} instances/s; vocab "
-          f"{len(vocab)}){kept_note}: {len(names)} shards: {names[0]} ...")
+          f"{len(vocab)}){notes}: {len(layout.names)} shards: "
+          f"{layout.names[0]} ...")
 
 
 def run():

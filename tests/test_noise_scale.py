@@ -491,16 +491,13 @@ def noisy_regression(noise, seed):
     return x, y, target
 
 
-def steps_to_target(noise, batch, reference, adascale, seed=0,
-                    learning_rate=0.002):
-    """Steps until |w - w*|^2 < 0.1 (from 1), and AdaScale's mean gain."""
-    x, y, target = noisy_regression(noise, seed)
+def regression_trainer(schedule, batch):
+    """(Trainer, model): SGD at `schedule` on a linear model from zero
+    weights, 4 micro-batches per step (the noise scale AdaScale reads)."""
     strategy = mirrored(["/cpu:0"])
     with strategy.scope():
         model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(
             1, use_bias=False, kernel_initializer="zeros")])
-        schedule = (AdaScale(learning_rate, reference, batch) if adascale
-                    else learning_rate)
         optimizer = keras.optimizers.SGD(schedule)
     trainer = Trainer(model=model, optimizer=optimizer,
                       loss_fn=keras.losses.MeanSquaredError(),
@@ -508,6 +505,16 @@ def steps_to_target(noise, batch, reference, adascale, seed=0,
                       config=TrainConfig(global_batch_size=batch,
                                          num_accumulation_steps=4,
                                          log_steps=50, verbose=0))
+    return trainer, model
+
+
+def steps_to_target(noise, batch, reference, adascale, seed=0,
+                    learning_rate=0.002):
+    """Steps until |w - w*|^2 < 0.1 (from 1), and AdaScale's mean gain."""
+    x, y, target = noisy_regression(noise, seed)
+    schedule = (AdaScale(learning_rate, reference, batch) if adascale
+                else learning_rate)
+    trainer, model = regression_trainer(schedule, batch)
 
     class Target(keras.callbacks.Callback):
         def __init__(self):
@@ -543,21 +550,10 @@ def decaying_run(batch, reference, steps, adascale):
     from 0.01 to 0 over `steps` reference steps: (steps taken, |w - w*|^2
     at the end, the Trainer's AdaScale summary)."""
     x, y, target = noisy_regression(5.0, 0)
-    strategy = mirrored(["/cpu:0"])
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(
-            1, use_bias=False, kernel_initializer="zeros")])
-        schedule = keras.optimizers.schedules.PolynomialDecay(0.01, steps, 0.0)
-        if adascale:
-            schedule = AdaScale(schedule, reference, batch,
-                                reference_steps=steps)
-        optimizer = keras.optimizers.SGD(schedule)
-    trainer = Trainer(model=model, optimizer=optimizer,
-                      loss_fn=keras.losses.MeanSquaredError(),
-                      strategy=strategy,
-                      config=TrainConfig(global_batch_size=batch,
-                                         num_accumulation_steps=4,
-                                         log_steps=100, verbose=0))
+    schedule = keras.optimizers.schedules.PolynomialDecay(0.01, steps, 0.0)
+    if adascale:
+        schedule = AdaScale(schedule, reference, batch, reference_steps=steps)
+    trainer, model = regression_trainer(schedule, batch)
 
     def dataset_fn(context):
         return (tf.data.Dataset.from_tensor_slices((x, y)).repeat()
