@@ -25,6 +25,7 @@ environments (`worker_specs` is a pure function) and runs processes
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -101,15 +102,46 @@ def worker_specs(command: Sequence[str], num_workers: int,
     return specs
 
 
-def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
-        max_restarts: int = 0, host: str = "127.0.0.1",
-        threads_per_worker: Optional[int] = None, grace_seconds: float = 30.0,
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """How `run` starts and supervises the workers (checked once, here).
+
+    Raises:
+        ValueError: A setting out of range, naming its flag.
+    """
+
+    num_workers: int
+    port: Optional[int] = None
+    max_restarts: int = 0
+    host: str = "127.0.0.1"
+    threads_per_worker: Optional[int] = None
+    grace_seconds: float = 30.0
+    backend: str = "mwms"
+    mpirun: Optional[str] = None
+    mpirun_args: tuple = ()
+    data_service_workers: int = 0
+    data_service_dir: Optional[str] = None
+    gpus_per_worker: Optional[int] = None
+    bind_gpus: bool = True
+    failure_grace_seconds: float = 5.0
+
+    def __post_init__(self):
+        for name, least in (("num_workers", 1), ("max_restarts", 0),
+                            ("data_service_workers", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"--{name} must be >= {least}, got "
+                                 f"{getattr(self, name)}")
+        if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
+            raise ValueError(f"--gpus_per_worker must be >= 0, got "
+                             f"{self.gpus_per_worker}")
+        if self.backend not in ("mwms", "mpi"):
+            raise ValueError(f"--backend must be mwms or mpi, got "
+                             f"{self.backend!r}")
+
+
+def run(command: Sequence[str], num_workers: int, *,
         base_env: Optional[Mapping[str, str]] = None, out=None,
-        backend: str = "mwms", mpirun: Optional[str] = None,
-        mpirun_args: Sequence[str] = (), data_service_workers: int = 0,
-        data_service_dir: Optional[str] = None,
-        gpus_per_worker: Optional[int] = None, bind_gpus: bool = True,
-        failure_grace_seconds: float = 5.0) -> int:
+        **settings) -> int:
     """Runs `command` as `num_workers` workers until all succeed.
 
     `backend="mwms"` starts the processes with a TF_CONFIG each; "mpi" starts
@@ -143,47 +175,11 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
     Raises:
         ValueError: `max_restarts` < 0 or another bad argument.
     """
-    if max_restarts < 0:
-        raise ValueError(f"--max_restarts must be >= 0, got {max_restarts}")
-    if backend not in ("mwms", "mpi"):
-        raise ValueError(f"--backend must be mwms or mpi, got {backend!r}")
+    config = LaunchConfig(num_workers, **dict(
+        settings, mpirun_args=tuple(settings.get("mpirun_args", ()))))
     out = out or sys.stdout
     base_env = dict(os.environ if base_env is None else base_env)
-    if data_service_workers < 0:
-        raise ValueError(f"--data_service_workers must be >= 0, got "
-                         f"{data_service_workers}")
-    bind = bind_gpus or gpus_per_worker is not None
-    host_gpus = gpus.host_gpus(base_env) if bind else []
-    if backend == "mpi":
-        if bind and (host_gpus or gpus_per_worker is not None):
-            # Each rank binds itself: mpirun's ranks may be on other hosts.
-            k = [] if gpus_per_worker is None else [
-                "--gpus_per_worker", str(gpus_per_worker)]
-            command = [sys.executable, "-m", "launch.gpus", *k, "--",
-                       *command]
-        mpi_command = mpi_ranks.mpirun_command(
-            command, num_workers, mpi_ranks.find_mpirun(mpirun),
-            as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
-            extra_args=mpirun_args)
-
-        def start():
-            return mpi_ranks.MpiGroup(
-                mpi_command, mpi_ranks.mpi_env(base_env, threads_per_worker),
-                out)
-    else:
-        gpu_sets = (gpus.worker_gpus(host_gpus, num_workers, gpus_per_worker)
-                    if bind else None)
-        if gpu_sets is not None and any(gpu_sets):
-            _say(out, "GPUs: " + ", ".join(
-                f"worker {i} CUDA_VISIBLE_DEVICES={g}"
-                for i, g in enumerate(gpu_sets)))
-
-        def start():
-            ports = (list(range(port, port + num_workers)) if port
-                     else find_free_ports(num_workers, host))
-            return workers.ProcessGroup(
-                worker_specs(command, num_workers, ports, base_env, host,
-                             threads_per_worker, gpu_sets), out)
+    start = _starter(config, command, base_env, out)
     interrupted = []
 
     def on_signal(signum, _frame):
@@ -191,54 +187,98 @@ def run(command: Sequence[str], num_workers: int, *, port: Optional[int] = None,
 
     previous = {s: signal.signal(s, on_signal)
                 for s in (signal.SIGINT, signal.SIGTERM)}
-    code = 0
     service = None
     try:
-        if data_service_workers:
-            service = _start_service(data_service_workers, data_service_dir,
-                                     host, base_env, out)
-        for attempt in range(max_restarts + 1):
-            group = start()
-            failure = None
-            while not interrupted:
-                failure = group.first_failure()
-                if failure or group.all_done():
-                    break
-                time.sleep(workers.POLL_SECONDS)
-            if interrupted:
-                sig = interrupted[0]
-                _say(out, f"{signal.Signals(sig).name}: passing it to all "
-                          f"workers")
-                group.stop(grace_seconds, sig=sig)
-                return 128 + int(sig)
-            if failure is None:
-                group.stop(grace_seconds)
-                return 0
-            index, code = failure
-            who = "an MPI rank" if index is None else f"worker {index}"
-            if code == PREEMPTED_EXIT_CODE:
-                # The others are saving the same checkpoint: let them finish.
-                _say(out, f"{who} was preempted (exit {code}, "
-                          f"checkpoint saved); waiting for the others")
-                group.stop(grace_seconds, sig=None)
-            else:
-                # The others cannot finish a step without it; SIGTERM first
-                # lets a write in progress (a backup, a checkpoint) end
-                # before the SIGKILL `failure_grace_seconds` later.
-                _say(out, f"{who} failed ({children.describe_exit(code)})"
-                          f"{workers.last_words(group, index, code)}; "
-                          "stopping the other workers")
-                group.stop(failure_grace_seconds, sig=signal.SIGTERM)
-            if attempt < max_restarts:
-                _say(out, f"restart {attempt + 1}/{max_restarts}: starting "
-                          f"{num_workers} workers again (cause: {who} "
-                          f"{children.describe_exit(code)})")
-        return children.shell_code(code)
+        if config.data_service_workers:
+            service = _start_service(config.data_service_workers,
+                                     config.data_service_dir, config.host,
+                                     base_env, out)
+        return _supervise(config, start, interrupted, out)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if service is not None:
             service.stop()
+
+
+def _starter(config: LaunchConfig, command, base_env, out):
+    """`start()` -> a running group of the workers: the processes with a
+    TF_CONFIG each ("mwms"), or the ranks of one mpirun ("mpi"); GPUs bound
+    per worker (`launch/gpus.py`)."""
+    bind = config.bind_gpus or config.gpus_per_worker is not None
+    host_gpus = gpus.host_gpus(base_env) if bind else []
+    if config.backend == "mpi":
+        if bind and (host_gpus or config.gpus_per_worker is not None):
+            # Each rank binds itself: mpirun's ranks may be on other hosts.
+            k = [] if config.gpus_per_worker is None else [
+                "--gpus_per_worker", str(config.gpus_per_worker)]
+            command = [sys.executable, "-m", "launch.gpus", *k, "--",
+                       *command]
+        mpi_command = mpi_ranks.mpirun_command(
+            command, config.num_workers, mpi_ranks.find_mpirun(config.mpirun),
+            as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+            extra_args=config.mpirun_args)
+        return lambda: mpi_ranks.MpiGroup(
+            mpi_command,
+            mpi_ranks.mpi_env(base_env, config.threads_per_worker), out)
+    gpu_sets = (gpus.worker_gpus(host_gpus, config.num_workers,
+                                 config.gpus_per_worker) if bind else None)
+    if gpu_sets is not None and any(gpu_sets):
+        _say(out, "GPUs: " + ", ".join(
+            f"worker {i} CUDA_VISIBLE_DEVICES={g}"
+            for i, g in enumerate(gpu_sets)))
+
+    def start():
+        n = config.num_workers
+        ports = (list(range(config.port, config.port + n)) if config.port
+                 else find_free_ports(n, config.host))
+        return workers.ProcessGroup(
+            worker_specs(command, n, ports, base_env, config.host,
+                         config.threads_per_worker, gpu_sets), out)
+    return start
+
+
+def _supervise(config: LaunchConfig, start, interrupted, out) -> int:
+    """Attempts until every worker exits 0, a signal reaches the launcher
+    or the restarts run out; the exit code `run` returns."""
+    code = 0
+    for attempt in range(config.max_restarts + 1):
+        group = start()
+        failure = None
+        while not interrupted:
+            failure = group.first_failure()
+            if failure or group.all_done():
+                break
+            time.sleep(workers.POLL_SECONDS)
+        if interrupted:
+            sig = interrupted[0]
+            _say(out, f"{signal.Signals(sig).name}: passing it to all "
+                      f"workers")
+            group.stop(config.grace_seconds, sig=sig)
+            return 128 + int(sig)
+        if failure is None:
+            group.stop(config.grace_seconds)
+            return 0
+        index, code = failure
+        who = "an MPI rank" if index is None else f"worker {index}"
+        if code == PREEMPTED_EXIT_CODE:
+            # The others are saving the same checkpoint: let them finish.
+            _say(out, f"{who} was preempted (exit {code}, checkpoint "
+                      "saved); waiting for the others")
+            group.stop(config.grace_seconds, sig=None)
+        else:
+            # The others cannot finish a step without it; SIGTERM first
+            # lets a write in progress (a backup, a checkpoint) end before
+            # the SIGKILL `failure_grace_seconds` later.
+            _say(out, f"{who} failed ({children.describe_exit(code)})"
+                      f"{workers.last_words(group, index, code)}; "
+                      "stopping the other workers")
+            group.stop(config.failure_grace_seconds, sig=signal.SIGTERM)
+        if attempt < config.max_restarts:
+            _say(out, f"restart {attempt + 1}/{config.max_restarts}: "
+                      f"starting {config.num_workers} workers again (cause: "
+                      f"{who} {children.describe_exit(code)})")
+    return children.shell_code(code)
 
 
 def _start_service(num_workers, work_dir, host, base_env, out):
@@ -309,32 +349,31 @@ def parse_args(argv: Sequence[str]):
     args.command = argv[split + 1:]
     if not args.command:
         parser.error("no command after '--'")
-    if args.num_workers < 1:
-        parser.error("--num_workers must be >= 1")
-    if args.max_restarts < 0:
-        parser.error("--max_restarts must be >= 0")
-    if args.data_service_workers < 0:
-        parser.error("--data_service_workers must be >= 0")
-    if args.gpus_per_worker is not None and args.gpus_per_worker < 0:
-        parser.error("--gpus_per_worker must be >= 0")
+    try:
+        args.config = LaunchConfig(
+            args.num_workers, port=args.port, max_restarts=args.max_restarts,
+            host=args.host,
+            threads_per_worker=(args.threads_per_worker or
+                                workers.default_threads(
+                                    max(1, args.num_workers))),
+            grace_seconds=args.grace_seconds, backend=args.backend,
+            mpirun=args.mpirun,
+            mpirun_args=tuple(shlex.split(args.mpirun_args)),
+            data_service_workers=args.data_service_workers,
+            data_service_dir=args.data_service_dir,
+            gpus_per_worker=args.gpus_per_worker,
+            failure_grace_seconds=args.failure_grace_seconds)
+    except ValueError as e:
+        parser.error(str(e))
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    threads = (args.threads_per_worker
-               or workers.default_threads(args.num_workers))
     try:
-        return run(args.command, args.num_workers, port=args.port,
-                   max_restarts=args.max_restarts, host=args.host,
-                   threads_per_worker=threads,
-                   grace_seconds=args.grace_seconds, backend=args.backend,
-                   mpirun=args.mpirun,
-                   mpirun_args=shlex.split(args.mpirun_args),
-                   data_service_workers=args.data_service_workers,
-                   data_service_dir=args.data_service_dir,
-                   gpus_per_worker=args.gpus_per_worker,
-                   failure_grace_seconds=args.failure_grace_seconds)
+        return run(args.command, **{
+            f.name: getattr(args.config, f.name)
+            for f in dataclasses.fields(LaunchConfig)})
     except ValueError as e:
         print(f"tfscale-launch: error: {e}", file=sys.stderr)
         return 2
