@@ -298,7 +298,7 @@ def _say(out, message: str):
     out.flush()
 
 
-def parse_args(argv: Sequence[str]):
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfscale-launch", description=__doc__.split("\n\n")[0],
         usage="%(prog)s --num_workers N [options] -- command ...")
@@ -341,6 +341,11 @@ def parse_args(argv: Sequence[str]):
     parser.add_argument("--data_service_dir", default=None,
                         help="the service dispatcher's journal (default: "
                              "a temporary directory)")
+    return parser
+
+
+def parse_args(argv: Sequence[str]):
+    parser = _parser()
     argv = list(argv)
     if "--" not in argv:
         parser.error("put the training command after '--'")

@@ -187,7 +187,8 @@ def forwarded(env) -> List[str]:
             if not _NOT_FORWARDED.match(name) and "\n" not in value]
 
 
-def parse_args(argv: Sequence[str]):
+def _parser() -> argparse.ArgumentParser:
+    """horovodrun's flags, and those it has that tfscale-run does not."""
     parser = argparse.ArgumentParser(
         prog="tfscale-run",
         description="Run a Horovod-style training script on N ranks "
@@ -244,6 +245,11 @@ def parse_args(argv: Sequence[str]):
             **({"action": "store_true"} if flag in _REFUSED_SWITCHES
                else {}))
     parser.add_argument("command", nargs=argparse.REMAINDER)
+    return parser
+
+
+def parse_args(argv: Sequence[str]):
+    parser = _parser()
     args = parser.parse_args(list(argv))
     for flag, instead in _REFUSED.items():
         if getattr(args, "refused_" + flag.strip("-").replace("-", "_")):

@@ -225,3 +225,20 @@ def test_each_flag_is_defined_in_one_place():
     twice = {name: files for name, files in where.items()
              if len(files & jobs) > 1}
     assert twice == {}
+
+
+def test_no_engine_function_is_longer_than_a_screen():
+    # A loop a reader can follow top to bottom: no function in the engine
+    # over about 60 lines of code (its docstring not counted).
+    long = []
+    for path in sources("tfscale", "launch"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = node.body
+                first = body[0]
+                if (len(body) > 1 and isinstance(first, ast.Expr)
+                        and isinstance(first.value, ast.Constant)):
+                    first = body[1]
+                if node.end_lineno - first.lineno + 1 > 65:
+                    long.append(f"{path.relative_to(REPO)}:{node.name}")
+    assert long == []

@@ -40,6 +40,50 @@ from tfscale.timing import StepTimer
 from tfscale.train_config import TrainConfig
 
 
+def _check_fits(model, config: TrainConfig, replicas: int) -> None:
+    """Raises ConfigError (global_batch_size) when the batch does not divide
+    into replicas x accumulation steps, ValueError when the model is not
+    built or its dtype policy is not `config.precision`."""
+    divisor = replicas * config.num_accumulation_steps
+    if config.global_batch_size % divisor:
+        raise ConfigError(
+            "global_batch_size", f"global batch size "
+            f"{config.global_batch_size} is not divisible by replicas "
+            f"({replicas}) x accumulation steps "
+            f"({config.num_accumulation_steps})")
+    if not model.built:
+        raise ValueError("build the model (call it on a batch or build it "
+                         "with shapes) under strategy.scope() first")
+    policy = model.dtype_policy.name
+    if config.precision != "float32" and config.precision != policy:
+        raise ValueError(
+            f"TrainConfig.precision is {config.precision!r} but the model "
+            f"was built with dtype policy {policy!r}: call "
+            "tfscale.precision.set_precision before building the model")
+
+
+def _run_variables():
+    """(step, input_position, input_order): host variables, identical on
+    every worker by construction (a MirroredVariable costs about a
+    millisecond per step to update).
+
+    - step: steps taken, including fp16 steps skipped for non-finite
+      gradients (optimizer.iterations counts applied ones only);
+    - input_position: records consumed (global batch per step), where a
+      positioned input (`dataset_fn.at`) resumes on any worker count; -1:
+      unknown (a checkpoint from before it was kept);
+    - input_order: what the position counts in (a positioned input's
+      `order()`: its record set and seed); "" when unknown.
+    """
+    with tf.device("/cpu:0"):
+        return (tf.Variable(0, dtype=tf.int64, trainable=False,
+                            name="train_step"),
+                tf.Variable(0, dtype=tf.int64, trainable=False,
+                            name="input_position"),
+                tf.Variable("", dtype=tf.string, trainable=False,
+                            name="input_order"))
+
+
 class Trainer:
     """Trains a Keras 3 model under a `tf.distribute` strategy.
 
@@ -80,16 +124,8 @@ class Trainer:
                  backend="mwms"):
         self.collectives = (collectives_lib.make(backend, strategy)
                             if isinstance(backend, str) else backend)
-        replicas = self.collectives.num_replicas
-        divisor = replicas * config.num_accumulation_steps
-        if config.global_batch_size % divisor:
-            raise ConfigError(
-                "global_batch_size", f"global batch size {config.global_batch_size} is not "
-                f"divisible by replicas ({replicas}) x accumulation steps "
-                f"({config.num_accumulation_steps})")
-        if not model.built:
-            raise ValueError("build the model (call it on a batch or build "
-                             "it with shapes) under strategy.scope() first")
+        divisor = self.collectives.num_replicas * config.num_accumulation_steps
+        _check_fits(model, config, self.collectives.num_replicas)
         # A keras.optimizers.LossScaleOptimizer (what `compile` makes under a
         # mixed_float16 policy): the Trainer scales the loss itself, after
         # the all-reduce, and updates with the inner optimizer.
@@ -97,11 +133,6 @@ class Trainer:
         if wrapped is not None:
             optimizer = wrapped
         policy = model.dtype_policy.name
-        if config.precision != "float32" and config.precision != policy:
-            raise ValueError(
-                f"TrainConfig.precision is {config.precision!r} but the model "
-                f"was built with dtype policy {policy!r}: call "
-                "tfscale.precision.set_precision before building the model")
         self.model = model
         self.optimizer = optimizer
         self.strategy = strategy
@@ -124,22 +155,7 @@ class Trainer:
                       or wrapped is not None)
             self.loss_scale = (precision_lib.DynamicLossScale() if scaled
                                else None)
-        # Steps taken, including fp16 steps skipped for non-finite gradients
-        # (optimizer.iterations counts applied ones only). A plain host
-        # variable: identical on every worker by construction, and a
-        # MirroredVariable costs about a millisecond per step to update.
-        with tf.device("/cpu:0"):
-            self.step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                    name="train_step")
-            # Records consumed by the run (global batch per step): where a
-            # positioned input (`dataset_fn.at`) resumes, on any worker
-            # count. -1: unknown (a checkpoint from before it was kept).
-            self.input_position = tf.Variable(
-                0, dtype=tf.int64, trainable=False, name="input_position")
-            # What the position counts in (a positioned input's `order()`:
-            # its record set and seed); "" when unknown.
-            self.input_order = tf.Variable(
-                "", dtype=tf.string, trainable=False, name="input_order")
+        self.step, self.input_position, self.input_order = _run_variables()
         _compat.disable_gradient_aggregation(optimizer)
         # Keras callbacks (TensorBoard, BackupAndRestore, ModelCheckpoint)
         # look for the optimizer where `compile` would have put it.
@@ -156,19 +172,7 @@ class Trainer:
                                  self._train_step.noise_groups,
                                  config.global_batch_size)
             if self._train_step.measures_noise else None)
-        self._adascale = _compat.learning_rate_schedule(optimizer)
-        if not getattr(self._adascale, "follows_noise_scale", False):
-            self._adascale = None
-        elif self.noise_scale is None:
-            raise ConfigError(
-                "scaling_rule", "AdaScale needs the gradient noise scale, measured with at "
-                "least 2 micro-batches per step (replicas x accumulation "
-                f"steps: {self._train_step.micro_batches_per_step}) and "
-                "noise_scale mode 'plain'")
-        elif config.noise_scale.mode != "plain":
-            raise ConfigError(
-                "scaling_rule", "AdaScale needs noise_scale mode 'plain' (its "
-                "gain is defined for SGD's gradients)")
+        self._adascale = self._find_adascale(optimizer)
         self._eval_step = EvalStep(model=model, loss_fn=loss_fn,
                                    metrics=self.metrics, strategy=strategy,
                                    collectives=self.collectives)
@@ -180,22 +184,49 @@ class Trainer:
         self.checkpoint_path = None
         self._saved_step = None
         self._verbose = config.verbose
-        self._keeper = None
-        if config.checkpoint_dir:
-            trackables = checkpointing.training_trackables(
-                model, optimizer, self.step, loss_scale=self.loss_scale,
-                metrics=self.metrics, input_position=self.input_position,
-                input_order=self.input_order,
-                noise_scale=(self.noise_scale.variables
-                             if self.noise_scale else None),
-                adascale=(self._adascale.variables
-                          if self._adascale else None))
-            barrier = self.collectives.barrier if self.num_workers > 1 else None
-            self._keeper = checkpointing.CheckpointKeeper(
-                config.checkpoint_dir, is_chief=self.is_chief,
-                worker_index=self.worker_index, num_workers=self.num_workers,
-                barrier_fn=barrier,
-                max_to_keep=config.max_checkpoints_to_keep, **trackables)
+        self._keeper = (self._make_keeper() if config.checkpoint_dir
+                        else None)
+
+    def _find_adascale(self, optimizer):
+        """The optimizer's AdaScale schedule, or None; it needs the plain
+        noise scale.
+
+        Raises:
+            ConfigError: AdaScale without the plain noise scale.
+        """
+        adascale = _compat.learning_rate_schedule(optimizer)
+        if not getattr(adascale, "follows_noise_scale", False):
+            return None
+        if self.noise_scale is None:
+            raise ConfigError(
+                "scaling_rule", "AdaScale needs the gradient noise scale, "
+                "measured with at least 2 micro-batches per step (replicas x"
+                " accumulation steps: "
+                f"{self._train_step.micro_batches_per_step}) and noise_scale"
+                " mode 'plain'")
+        if self.config.noise_scale.mode != "plain":
+            raise ConfigError(
+                "scaling_rule", "AdaScale needs noise_scale mode 'plain' (its "
+                "gain is defined for SGD's gradients)")
+        return adascale
+
+    def _make_keeper(self) -> checkpointing.CheckpointKeeper:
+        """The checkpoints: everything the run is (model, optimizer, step,
+        loss scale, metrics, input position and order, noise scale,
+        AdaScale)."""
+        trackables = checkpointing.training_trackables(
+            self.model, self.optimizer, self.step, loss_scale=self.loss_scale,
+            metrics=self.metrics, input_position=self.input_position,
+            input_order=self.input_order,
+            noise_scale=(self.noise_scale.variables
+                         if self.noise_scale else None),
+            adascale=(self._adascale.variables if self._adascale else None))
+        barrier = self.collectives.barrier if self.num_workers > 1 else None
+        return checkpointing.CheckpointKeeper(
+            self.config.checkpoint_dir, is_chief=self.is_chief,
+            worker_index=self.worker_index, num_workers=self.num_workers,
+            barrier_fn=barrier,
+            max_to_keep=self.config.max_checkpoints_to_keep, **trackables)
 
     # ---- public API --------------------------------------------------------
 
@@ -394,9 +425,46 @@ class Trainer:
         self.timer.reset()
         self._interval_loss, self._interval_steps = 0.0, 0
         positioned = _positioned(dataset_fn)
+        restored, reordered = self._restore(dataset_fn, positioned)
+        _compat.clear_restored_epoch(self.model)
+        _compat.build_compiled_metrics(self.model, self.metrics,
+                                       self._feed.iterator.element_spec)
+        callback_list.on_train_begin()
+        if worker_dir:
+            callback_files.route_backup_writes(callbacks, worker_dir)
+        self._start_where_callbacks_say(restored, dataset_fn, positioned,
+                                        steps_per_epoch, initial_epoch)
+        self._resume_noise_scale(restored)
+        start = int(self.step.numpy())
+        if restored:
+            self._saved_step = start
+            self._log(f"resumed from {restored} at step {start}; input "
+                      + self._resume_input(dataset_fn, positioned, reordered,
+                                           start))
+        _compat.continue_tensorboard_steps(callbacks, start)
+        logs = {}
+        for epoch in range(start // steps_per_epoch, epochs):
+            logs = self._train_epoch(self._feed, callback_list, epoch,
+                                     steps_per_epoch, watch)
+            if validation_fn is not None:
+                val = self.evaluate(validation_fn, steps=validation_steps)
+                logs.update({f"val_{k}": v for k, v in val.items()})
+            callback_list.on_epoch_end(epoch, logs)
+            if self._agreed_stop():
+                break
+        self._save()
+        callback_list.on_train_end(logs)
+        return self.model.history
+
+    # ---- resume ----------------------------------------------------------------
+
+    def _restore(self, dataset_fn, positioned: bool):
+        """Starts from the chief's weights, then the latest checkpoint (read
+        by every worker) when there is one; settles the input position and
+        builds a positioned input there. Returns (the checkpoint restored
+        or None, the line saying the input order moved or None)."""
         # A fresh start begins from the chief's weights (MPI; a strategy
-        # synchronized them when it created them); a checkpoint, read by
-        # every worker, overrides them.
+        # synchronized them when it created them); a checkpoint overrides.
         self.collectives.broadcast_from_chief(
             self.model.variables + self.optimizer.variables)
         restored = None
@@ -412,12 +480,13 @@ class Trainer:
         if positioned:
             reordered = self._settle_input_order(dataset_fn)
             self._position_feed(dataset_fn)
-        _compat.clear_restored_epoch(self.model)
-        _compat.build_compiled_metrics(self.model, self.metrics,
-                                       self._feed.iterator.element_spec)
-        callback_list.on_train_begin()
-        if worker_dir:
-            callback_files.route_backup_writes(callbacks, worker_dir)
+        return restored, reordered
+
+    def _start_where_callbacks_say(self, restored, dataset_fn, positioned,
+                                   steps_per_epoch, initial_epoch) -> None:
+        """After `on_train_begin`: BackupAndRestore may have loaded its own
+        weights (the Trainer's checkpoint wins) or restored an epoch (the
+        run starts there), or `initial_epoch` sets a fresh run's start."""
         moved = False
         backup_epoch = _compat.restored_epoch(self.model)
         if restored and backup_epoch is not None:
@@ -435,6 +504,8 @@ class Trainer:
             self._settle_input_position()
             if positioned:
                 self._position_feed(dataset_fn)
+
+    def _resume_noise_scale(self, restored) -> None:
         if restored and self.noise_scale is not None:
             self.noise_scale.load()
         if (self.noise_scale is None and self.config.noise_scale.enabled
@@ -443,40 +514,24 @@ class Trainer:
             self._log("gradient noise scale not measured: it needs at least "
                       "2 micro-batches per step (replicas x accumulation "
                       "steps; here 1)")
-        feed = self._feed
-        start = int(self.step.numpy())
-        if restored:
-            self._saved_step = start
-            if reordered:
-                where = reordered
-            elif positioned:
-                where = (f"position restored (global record "
-                         f"{int(self.input_position.numpy())}, the same "
-                         "order on any worker count)")
-            elif not _resumable(dataset_fn):
-                where = ("continues where its tf.data service is (its "
-                         "position is not in checkpoints)")
-            elif self._keeper.restore_input(start):
-                where = "position restored"
-            else:
-                where = ("starts over (no input state for "
-                         f"{self.num_workers} worker(s) at this step)")
-            self._log(f"resumed from {restored} at step {start}; input "
-                      + where)
-        _compat.continue_tensorboard_steps(callbacks, start)
-        logs = {}
-        for epoch in range(start // steps_per_epoch, epochs):
-            logs = self._train_epoch(feed, callback_list, epoch,
-                                     steps_per_epoch, watch)
-            if validation_fn is not None:
-                val = self.evaluate(validation_fn, steps=validation_steps)
-                logs.update({f"val_{k}": v for k, v in val.items()})
-            callback_list.on_epoch_end(epoch, logs)
-            if self._agreed_stop():
-                break
-        self._save()
-        callback_list.on_train_end(logs)
-        return self.model.history
+
+    def _resume_input(self, dataset_fn, positioned, reordered,
+                      start: int) -> str:
+        """Where a resumed run's input continues (restoring a tf.data
+        iterator's saved state when that is how it resumes), in words."""
+        if reordered:
+            return reordered
+        if positioned:
+            return (f"position restored (global record "
+                    f"{int(self.input_position.numpy())}, the same order on "
+                    "any worker count)")
+        if not _resumable(dataset_fn):
+            return ("continues where its tf.data service is (its position "
+                    "is not in checkpoints)")
+        if self._keeper.restore_input(start):
+            return "position restored"
+        return (f"starts over (no input state for {self.num_workers} "
+                "worker(s) at this step)")
 
     def evaluate(self, x=None, y=None, batch_size: Optional[int] = None,
                  steps: Optional[int] = None, sample_weight=None) -> dict:
@@ -551,16 +606,7 @@ class Trainer:
             callback_list.on_train_batch_begin(batch)
             result = self._run_steps(feed, step + 1, steps_per_epoch - batch,
                                      watch)
-            self._skipped_steps += result.skipped
-            for noise in result.noise:
-                self.noise_scale.update(noise)
-                if self._adascale is not None:
-                    # (One step per call: `skipped` is this step's.)
-                    self._adascale.advance(self.noise_scale.estimate(),
-                                           skipped=bool(result.skipped))
-            self.step.assign_add(result.steps)
-            self.input_position.assign_add(
-                result.steps * self.config.global_batch_size)
+            self._count(result)
             step += result.steps
             batch += result.steps
             loss_total += sum(result.losses)
@@ -579,22 +625,7 @@ class Trainer:
             # (as Keras's fit does with steps_per_execution).
             _compat.continue_tensorboard_steps(callback_list.callbacks, step)
             callback_list.on_train_batch_end(batch - 1, logs)
-            stop, preempt = result.stop, result.preempt
-            if self.num_workers == 1:
-                # No peer to agree with: act on the flags at once.
-                stop, preempt = self.model.stop_training, watch.requested
-            if preempt:
-                self._save()
-                # Exit together: an MPI launcher ends the job as soon as one
-                # rank exits, possibly before the chief's checkpoint is done.
-                self.leave_together()
-                self._log(f"preempted (SIGTERM/SIGUSR1): saved step {step}, exiting "
-                          "with code 143")
-                raise Preempted(step, self.checkpoint_path)
-            if (self.config.save_checkpoints_steps
-                    and step % self.config.save_checkpoints_steps == 0):
-                self._save()
-            if stop or self._adascale_finished():
+            if self._after_call(result, step, watch):
                 # Set on some worker during the previous call: all stop here.
                 # (AdaScale's progress is the same on every worker: its
                 # gains come from the all-reduced estimates.)
@@ -602,6 +633,41 @@ class Trainer:
                 break
         logs["learning_rate"] = self._learning_rate()
         return dict(logs)
+
+    def _count(self, result) -> None:
+        """A call's steps join the run: fp16 skips, the noise scale and
+        AdaScale's progress, the step and the input position."""
+        self._skipped_steps += result.skipped
+        for noise in result.noise:
+            self.noise_scale.update(noise)
+            if self._adascale is not None:
+                # (One step per call: `skipped` is this step's.)
+                self._adascale.advance(self.noise_scale.estimate(),
+                                       skipped=bool(result.skipped))
+        self.step.assign_add(result.steps)
+        self.input_position.assign_add(
+            result.steps * self.config.global_batch_size)
+
+    def _after_call(self, result, step: int, watch) -> bool:
+        """After a call's callbacks: preempted (saves, leaves together,
+        raises `Preempted`), a checkpoint when due; True when the run stops
+        here (a stop flag, or AdaScale at the reference run's end)."""
+        stop, preempt = result.stop, result.preempt
+        if self.num_workers == 1:
+            # No peer to agree with: act on the flags at once.
+            stop, preempt = self.model.stop_training, watch.requested
+        if preempt:
+            self._save()
+            # Exit together: an MPI launcher ends the job as soon as one
+            # rank exits, possibly before the chief's checkpoint is done.
+            self.leave_together()
+            self._log(f"preempted (SIGTERM/SIGUSR1): saved step {step}, "
+                      "exiting with code 143")
+            raise Preempted(step, self.checkpoint_path)
+        if (self.config.save_checkpoints_steps
+                and step % self.config.save_checkpoints_steps == 0):
+            self._save()
+        return stop or self._adascale_finished()
 
     def _run_steps(self, feed, first: int, most: int, watch):
         """The next call of the compiled step: one or more optimizer steps
