@@ -59,6 +59,6 @@ setup(
         "tfscale-build-image-records=input_pipelines.build_image_records:run",
         "tfscale-index-records=input_pipelines.index_records:run",
         "tfscale-launch=launch.local:main",
-        "tfscale-run=launch.run:main",
+        "tfscale-run=launch.horovodrun:main",
     ]},
 )

@@ -8,7 +8,7 @@ times the gap between the last line any worker printed and the launcher's
 exit (every worker gone). In TF 2.21 a worker could sit tens of seconds
 there while Python's exit waited for a tf.data iterator's deletion; the
 entry points now leave with `os._exit` once everything is flushed
-(`tfscale.edge.leave`). Output: report.md and results.json in --output_dir.
+(`tfscale.cli.leave`). Output: report.md and results.json in --output_dir.
 """
 
 import argparse

@@ -36,7 +36,7 @@ def _run(command, what):
 
 def horovod(args, out, fp16: bool) -> float:
     iterations = max(1, args.steps // args.batches_per_iter)
-    command = [sys.executable, "-m", "launch.run", "-np", str(args.ranks),
+    command = [sys.executable, "-m", "launch.horovodrun", "-np", str(args.ranks),
                sys.executable, "examples/horovod/synthetic_benchmark.py",
                "--image-size", str(args.image_size),
                "--batch-size", str(args.batch_size),

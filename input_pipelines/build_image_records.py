@@ -62,7 +62,7 @@ engine.define_flags(flags)
 def main(argv: Sequence[str]):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    from tfscale.edge import quiet_tensorflow
+    from tfscale.cli import quiet_tensorflow
     quiet_tensorflow(FLAGS.verbosity)
     for name in ("image_dir", "output_dir"):
         if not FLAGS[name].value:
@@ -97,7 +97,7 @@ def main(argv: Sequence[str]):
 
 def run():
     """The console script."""
-    from tfscale.edge import list_flags_in_help
+    from tfscale.cli import list_flags_in_help
     list_flags_in_help()
     app.run(main)
 

@@ -250,7 +250,7 @@ def write_shards(config: WriterConfig, layout: Layout, ids) -> tuple:
 
 def main(argv):
     del argv
-    from tfscale.edge import quiet_tensorflow
+    from tfscale.cli import quiet_tensorflow
     quiet_tensorflow(FLAGS.verbosity)
     config = config_from_flags()
     vocab = load_or_learn_vocab(config)
@@ -278,7 +278,7 @@ def main(argv):
 
 def run():
     """The console script."""
-    from tfscale.edge import list_flags_in_help
+    from tfscale.cli import list_flags_in_help
     list_flags_in_help()
     app.run(main)
 

@@ -34,7 +34,7 @@ BYTES_PER_PROCESS = 4 << 30  # a process imports TensorFlow: a few seconds
 def main(argv):
     if len(argv) < 2:
         raise app.UsageError("name the record files: globs or comma lists")
-    from tfscale.edge import quiet_tensorflow
+    from tfscale.cli import quiet_tensorflow
     quiet_tensorflow(FLAGS.verbosity)
     import os
 
@@ -66,7 +66,7 @@ def main(argv):
 
 def run():
     """The console script."""
-    from tfscale.edge import list_flags_in_help
+    from tfscale.cli import list_flags_in_help
     list_flags_in_help()
     app.run(main)
 

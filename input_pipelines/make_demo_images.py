@@ -42,6 +42,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from tfscale.edge import list_flags_in_help
+    from tfscale.cli import list_flags_in_help
     list_flags_in_help()
     app.run(main)

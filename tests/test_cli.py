@@ -10,7 +10,7 @@ from tests.conftest import run_command
 SCRIPT = textwrap.dedent("""
     import logging as py_logging, logging.handlers, threading, time, sys
     from absl import logging
-    from tfscale import edge as cli
+    from tfscale import cli as cli
     threading.Thread(target=time.sleep, args=(60,), daemon=False).start()
     logging.set_verbosity(logging.INFO)
     logging.info("the last log line")

@@ -45,7 +45,7 @@ def project_flags() -> set:
     from models.tasks.flags import JOB_FLAG_TABLE
     flags |= {name for _, _, name, _, _ in JOB_FLAG_TABLE}
     # absl's own, and other tools' snake_case flags the pages name.
-    return flags | {"helpfull", "helpshort", "flagfile", "verbosity",
+    return flags | {"help", "helpfull", "helpshort", "flagfile", "verbosity",
                     "noprogress", "noverify", "nodo_train", "bind_all",
                     # XLA's own (XLA_FLAGS).
                     "xla_gpu_autotune_level", "xla_gpu_enable_triton_gemm"}

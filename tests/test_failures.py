@@ -7,7 +7,7 @@ Real processes through launch.local, on both backends:
     the chief's CSVLogger rows, TensorBoard scalars and BackupAndRestore
     backup from before the failure are on disk;
   - run_pretraining.py with a corrupt record that only worker 1 reads: the
-    same, through the entry point's own exit (`tfscale.edge.leave`).
+    same, through the entry point's own exit (`tfscale.cli.leave`).
 """
 
 import glob

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import tfscale.horovod as hvd
 import tfscale.horovod.keras as hvdk
-from launch import run as run_lib
+from launch import horovodrun as run_lib
 from tfscale.horovod import _state, protocol
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

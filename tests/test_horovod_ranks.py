@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def tfscale_run(*args, timeout=300, env=None):
-    command = [sys.executable, "-m", "launch.run", "-np", "2", "-H",
+    command = [sys.executable, "-m", "launch.horovodrun", "-np", "2", "-H",
                "localhost:2", *args]
     return run_command(command, timeout=timeout, env=env)
 

@@ -71,7 +71,7 @@ def pids_on(host, marker):
 
 
 def tfscale_run(hosts_arg, np, *command):
-    return [sys.executable, "-m", "launch.run", "-np", str(np), "-H",
+    return [sys.executable, "-m", "launch.horovodrun", "-np", str(np), "-H",
             hosts_arg, *command]
 
 

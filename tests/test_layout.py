@@ -28,14 +28,14 @@ def imported_modules(path):
 
 
 def test_flags_are_read_only_by_entry_points():
-    # (tfscale/edge.py registers the entry points' flags for --help; it
+    # (tfscale/cli.py registers the entry points' flags for --help; it
     # reads no value.)
     offenders = [str(p.relative_to(REPO))
                  for p in sources("tfscale", "input_pipelines", "models",
                                   "launch", "benchmarks")
                  if "FLAGS" in p.read_text()
                  and str(p.relative_to(REPO)) not in ENTRY_POINTS
-                 | {"tfscale/edge.py"}]
+                 | {"tfscale/cli.py"}]
     assert offenders == []
 
 
@@ -64,7 +64,7 @@ def test_models_and_pipelines_do_not_know_each_other():
 
 # The edge also reads and sets the environment: TensorFlow's log level
 # before it loads, and the data service address the launcher sets.
-EDGE = {"tfscale/cluster.py", "tfscale/edge.py", "models/tasks/flags.py"}
+EDGE = {"tfscale/cluster.py", "tfscale/cli.py", "models/tasks/flags.py"}
 
 
 def test_only_the_cluster_module_reads_the_cluster_environment():
@@ -167,7 +167,7 @@ def test_nothing_but_the_packages_is_installed_and_root_files_are_shims():
         assert len(text.splitlines()) <= 12, name
         assert f"from models.tasks.{name} import run" in text, name
     # The edge loads TensorFlow only once it has quieted it (in a function).
-    top = ast.parse((REPO / "tfscale" / "edge.py").read_text()).body
+    top = ast.parse((REPO / "tfscale" / "cli.py").read_text()).body
     loaded = [a.name for node in top if isinstance(node, ast.Import)
               for a in node.names]
     loaded += [node.module for node in top

@@ -1,6 +1,6 @@
 """tfscale: distributed training for TensorFlow 2 / Keras 3 models.
 
-The names below are imported on first use, so `import tfscale.edge` (what
+The names below are imported on first use, so `import tfscale.cli` (what
 an entry point does before TensorFlow loads) loads nothing else.
 """
 

@@ -18,7 +18,7 @@ they learn it at once rather than after a timeout:
 `install` puts that behaviour into `sys.excepthook` (the traceback is
 printed first, then one line naming the worker and the error), so a user's
 own script gets it from the Trainer or `hvd.init()` without a `try`. The
-entry points do the same through `tfscale.edge.leave`. What was written is already
+entry points do the same through `tfscale.cli.leave`. What was written is already
 on disk by then: `Trainer.fit` closes the callbacks' writers when it
 unwinds (see `callback_files.close_writers`).
 """

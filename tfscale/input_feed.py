@@ -24,7 +24,7 @@ the main thread it holds no one. The thread is not a daemon: Python waits
 for it at exit (a daemon thread still inside TensorFlow at exit aborted the
 process in 2 of 11 runs). So that a worker does not sit there after its last
 line, the entry points leave with `os._exit` once every file is flushed
-(`tfscale.edge.leave`; `python -m benchmarks.exit_time`).
+(`tfscale.cli.leave`; `python -m benchmarks.exit_time`).
 """
 
 import threading

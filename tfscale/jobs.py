@@ -16,7 +16,7 @@ evaluates, and writes `summary.json`. The BERT job
 (`models/tasks/pretraining.py`), the image job
 (`models/tasks/image_classification.py`) and the time-to-accuracy study
 (`benchmarks/time_to_accuracy.py`) are `Task`s. An entry point turns its
-flags into the config through `tfscale.edge.entry_point`, whose
+flags into the config through `tfscale.cli.entry_point`, whose
 `run_job` turns a `JobError` into one line and a non-zero exit.
 """
 

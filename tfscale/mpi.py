@@ -201,7 +201,7 @@ class MpiCollectives:
 
     def leave_together(self) -> None:
         """A barrier: `MPI_Finalize`, which every rank calls on its way out
-        (`tfscale.edge.leave`), completes whatever communication is still pending."""
+        (`tfscale.cli.leave`), completes whatever communication is still pending."""
         self.barrier()
 
     def broadcast_from_chief(self, variables) -> None:

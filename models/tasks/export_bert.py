@@ -57,7 +57,7 @@ def main(argv):
 
 def run():
     """The console script."""
-    from tfscale.edge import list_flags_in_help
+    from tfscale.cli import list_flags_in_help
     list_flags_in_help()
     app.run(main)
 

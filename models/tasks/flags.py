@@ -180,7 +180,7 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
     the log interval: up to `log_steps` steps per call of the compiled step
     (Google's `iterations_per_loop`), so the host reads the device once per
     interval."""
-    from tfscale.edge import noise_scale_from_flags
+    from tfscale.cli import noise_scale_from_flags
     from tfscale.train_config import TrainConfig
     return TrainConfig(
         global_batch_size=values.train_batch_size,

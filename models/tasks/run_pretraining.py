@@ -24,8 +24,8 @@ from models.tasks.flags import (cluster_from_flags, data_service_from_flags,
                                 define_cluster_flags,
                                 define_data_service_flags, define_job_flags,
                                 train_from_flags, train_records_from_flags)
-from tfscale import edge
-from tfscale.edge import define_noise_scale_flags
+from tfscale import cli
+from tfscale.cli import define_noise_scale_flags
 
 FLAGS = flags.FLAGS
 
@@ -247,7 +247,7 @@ def config_from_flags():
 
 
 # The console script (and the root run_pretraining.py).
-run = edge.entry_point("run_pretraining", config_from_flags,
+run = cli.entry_point("run_pretraining", config_from_flags,
                        "models.tasks.pretraining:train_and_evaluate")
 
 if __name__ == "__main__":

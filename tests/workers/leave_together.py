@@ -4,7 +4,7 @@ The chief first spends `--chief_seconds` alone (as when it exports a model);
 every other worker waits `--report_delay` seconds before it reports leaving
 the last barrier, so a chief that exited right after the barrier would take
 the coordination service away from under it. Prints when each worker
-reports and leaves, and exits through `tfscale.edge.leave`.
+reports and leaves, and exits through `tfscale.cli.leave`.
 """
 
 import argparse
@@ -15,7 +15,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
-from tfscale import edge  # noqa: E402
+from tfscale import cli  # noqa: E402
 from tfscale import _compat  # noqa: E402
 from tfscale import cluster as cluster_lib  # noqa: E402
 from tfscale import strategies  # noqa: E402
@@ -53,7 +53,7 @@ def main():
         service.set_config_key_value = late_report
     workers.leave_together()
     print(f"left {workers.worker_index} at {time.time():.6f}", flush=True)
-    edge.leave(0)
+    cli.leave(0)
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ def entry_point(program: str, make_config: Callable, job: str) -> Callable:
     imports `job` ("module:function", which loads TensorFlow) and runs it
     as `run_job` does.
 
-        run = edge.entry_point("run_pretraining", config_from_flags,
+        run = cli.entry_point("run_pretraining", config_from_flags,
                                "models.tasks.pretraining:train_and_evaluate")
     """
     def main(argv):
