@@ -106,7 +106,11 @@ def other_shards(pattern: str, names: Sequence[str]) -> list:
     """Files `pattern` (`NAME-*-of-*`) matches that are not `names`: shards
     of an earlier run with another shard count, which a glob of the data
     set would read too (a silent duplicate of the data)."""
-    return sorted(set(tf.io.gfile.glob(pattern)) - set(names))
+    def absolute(path):
+        return path if "://" in path else os.path.abspath(path)
+    ours = {absolute(n) for n in names}
+    return sorted(p for p in tf.io.gfile.glob(pattern)
+                  if absolute(p) not in ours)
 
 
 def remove_leftovers(names: Sequence[str]) -> int:

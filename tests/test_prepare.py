@@ -494,3 +494,22 @@ def test_stage_two_streams_google_order_and_shuffles_through_spills(
     assert spilled != google and sorted(spilled) == sorted(google)
     assert streamed("small-pieces", piece_bytes=100) == spilled
     assert sorted(os.listdir(work)) == ["part-00000.json", "part-00000.txt"]
+
+
+def test_a_rerun_with_relative_names_is_not_another_shard_count(
+        tmp_path, monkeypatch):
+    # `make demo` twice: --output_file=runs/demo/records/train.tfrecord is
+    # relative, the glob of the folder absolute; the same shards are not
+    # "another shard count".
+    from input_pipelines import bert_instances as bi
+    from input_pipelines import shard_writer
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "records").mkdir()
+    names = bi.shard_names("records/train.tfrecord", 2)
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    pattern = str(tmp_path / "records" / "train-*-of-*.tfrecord")
+    assert shard_writer.other_shards(pattern, names) == []
+    (tmp_path / "records" / "train-00000-of-00003.tfrecord").write_bytes(b"")
+    assert shard_writer.other_shards(pattern, names) == [
+        str(tmp_path / "records" / "train-00000-of-00003.tfrecord")]
