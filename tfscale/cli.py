@@ -9,6 +9,7 @@ import glob
 import importlib
 import logging
 import os
+import re
 import resource
 import sys
 import tempfile
@@ -125,6 +126,9 @@ def entry_point(program: str, make_config: Callable, job: str) -> Callable:
     return run
 
 
+_PACKAGES = ("models", "tfscale", "input_pipelines", "launch")
+
+
 def list_flags_in_help() -> None:
     """Makes `--help` list the project's flags. absl's `--help` shows the
     key flags of the main module (the script or console script) only, and
@@ -134,7 +138,10 @@ def list_flags_in_help() -> None:
     from absl import flags
     values = flags.FLAGS
     for module, defined in values.flags_by_module_dict().items():
-        if module.split(".")[0] != "absl":
+        # The project's modules and its named --helpfull groups ("name (N)
+        # concern"); not absl's, nor those libraries define on import.
+        if (module.split(".")[0] in _PACKAGES
+                or re.match(r"\w+ \(\d+\) ", module)):
             for flag in defined:
                 values.register_key_flag_for_module(sys.argv[0], flag)
 
