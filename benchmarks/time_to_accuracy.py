@@ -65,8 +65,9 @@ MAX_STEPS = 15_000  # a run's step cap, whatever its examples cap
 EXTRA_RATES = 2  # rates tried beyond the grid's edge, when the best is there
 GIVE_UP = 3  # a run stops at this many times its batch's best examples
 # Bumped when what a run measures or how changes (2: B_simple along the run
-# with its interval; the preconditioned noise scale for AdamW and LAMB).
-STUDY_VERSION = 2
+# with its interval; the preconditioned noise scale for AdamW and LAMB; 3:
+# the preconditioned one counts from Adam's 100th update, SETTLE_UPDATES).
+STUDY_VERSION = 3
 NOISE_MODES = {"sgd": "plain", "adamw": "preconditioned",
                "lamb": "preconditioned"}
 SETTLED_STEPS = 500  # 5 windows of the noise scale's 100-step EMA

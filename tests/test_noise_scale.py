@@ -26,11 +26,11 @@ import pytest
 import tensorflow as tf
 
 from input_pipelines.record_order import index as record_index
-from tests.conftest import REPO, run_command, run_workers
+from tests.conftest import run_command, run_workers
 from tests.test_pretraining import corpus, pretrain_args  # noqa: F401
 from tests.test_trainer import mirrored
 from tfscale import noise_scale, precision
-from tfscale.noise_scale import NoiseScaleConfig
+from tfscale.noise_scale import SETTLE_UPDATES, NoiseScaleConfig
 from tfscale.optim.adascale import AdaScale
 from tfscale.trainer import TrainConfig, Trainer
 
@@ -151,15 +151,17 @@ def softmax_trainer(x, y, kernel, bias, *, accumulation, batch=32,
     return trainer, dataset_fn
 
 
-def with_replacement(trainer, x, y):
+def with_replacement(trainer, x, y, draw=3):
     """Batches drawn uniformly with replacement: the estimator's
     expectation is then exactly the population's (a shuffle without
-    replacement biases it up by 1 / (1 - B_simple / N))."""
+    replacement biases it up by 1 / (1 - B_simple / N)). The draws are
+    numpy's, fixed whatever global seed an earlier test set."""
     xs, ys = tf.constant(x), tf.constant(y)
+    draws = np.random.RandomState(draw).randint(
+        0, len(y), size=(TRUTH_STEPS + 10) * TRUTH_BATCH)
 
     def dataset_fn(context):
-        return (tf.data.Dataset.random(seed=3)
-                .map(lambda i: tf.math.floormod(i, len(y)))
+        return (tf.data.Dataset.from_tensor_slices(draws)
                 .map(lambda i: (tf.gather(xs, i), tf.gather(ys, i)))
                 .batch(trainer.per_replica_batch_size))
     return dataset_fn
@@ -169,7 +171,7 @@ TRUTH_STEPS, TRUTH_BATCH = 1000, 256
 
 
 def measured(kernel_regularizer=None, callbacks=(), moments=None,
-             batch=TRUTH_BATCH, **kwargs):
+             batch=TRUTH_BATCH, draw=3, **kwargs):
     """(trainer, x, y, kernel, bias) after TRUTH_STEPS steps at rest (rate
     0) of batch 256 = 2 micro-batches of 128, sampled with replacement."""
     x, y, kernel, bias = softmax_data()
@@ -179,7 +181,7 @@ def measured(kernel_regularizer=None, callbacks=(), moments=None,
         **{"config": NoiseScaleConfig(decay=0.998), **kwargs})
     if moments is not None:
         moments.trainer = trainer
-    trainer.fit(with_replacement(trainer, x, y),
+    trainer.fit(with_replacement(trainer, x, y, draw),
                 steps_per_epoch=TRUTH_STEPS, epochs=1,
                 callbacks=list(callbacks))
     return trainer, x, y, kernel, bias
@@ -246,21 +248,10 @@ def test_clipping_comes_after_the_measurement():
                  *exact_terms(x, y, kernel, bias))
 
 
-def test_preconditioned_value_is_the_exact_one_of_adams_direction():
-    # Run in a process of its own (as a job is): after the rest of the suite
-    # in one pytest process the estimate disagreed with this exact value by
-    # about 60% (unexplained, open); alone it holds.
-    import os
-    import subprocess
-    if os.environ.get("TFSCALE_PRECONDITIONED_ALONE") != "1":
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             f"{__file__}::test_preconditioned_value_is_the_exact_one_of_"
-             "adams_direction"], cwd=REPO, capture_output=True, text=True,
-            env=dict(os.environ, TFSCALE_PRECONDITIONED_ALONE="1"),
-            timeout=600)
-        assert result.returncode == 0, result.stdout[-3000:]
-        return
+# Draws 403 and 503 are two on which counting from Adam's first update went
+# wrong (relative errors 0.21 and 0.26 at 2-14% off; on another draw 60%).
+@pytest.mark.parametrize("draw", [3, 403, 503])
+def test_preconditioned_value_is_the_exact_one_of_adams_direction(draw):
     # Adam at rate 0: each step's preconditioner 1 / (sqrt(v_hat) +
     # epsilon) is read after the step before (v_hat before this step's
     # update); the exact terms at each step's preconditioner, averaged with
@@ -282,10 +273,11 @@ def test_preconditioned_value_is_the_exact_one_of_adams_direction():
     trainer, x, y, kernel, bias = measured(
         config=NoiseScaleConfig(mode="preconditioned", decay=decay),
         optimizer_fn=lambda: keras.optimizers.Adam(0.0, beta_2=0.999),
-        callbacks=[moments], moments=moments)
-    # Step 1 has no v_hat (not counted); step k uses the scale after k - 1.
+        callbacks=[moments], moments=moments, draw=draw)
+    # Step k uses the scale after k - 1 updates, and counts once k - 1 >=
+    # SETTLE_UPDATES (before, v_hat is too young: see noise_scale.py).
     terms = np.array([exact_terms(x, y, kernel, bias, scale=scale)
-                      for scale in moments.scales[:-1]])
+                      for scale in moments.scales[SETTLE_UPDATES - 1:-1]])
     weights = decay ** np.arange(len(terms))[::-1]
     trace, g2 = weights @ terms / weights.sum()
     # It matters on these data: with the v_hat Adam settles on, E[g_B^2] =
@@ -297,11 +289,13 @@ def test_preconditioned_value_is_the_exact_one_of_adams_direction():
                                     scale=1.0 / np.sqrt(settled))
     assert abs(pre_trace / pre_g2 / (plain_trace / plain_g2) - 1) > 0.2
     estimate = trainer.noise_scale.estimate()
-    assert estimate.steps == TRUTH_STEPS - 1
-    # Divided by sqrt(v_hat), small coordinates weigh more and the scale
-    # moves: the estimate is noisier than the plain one (its interval is
-    # about +-40% here, against +-2%); 12%.
-    assert_truth(estimate, trace, g2, tolerance=0.12)
+    assert estimate.steps == TRUTH_STEPS - SETTLE_UPDATES
+    # Once v_hat has settled the estimate is nearly as tight as the plain
+    # one (relative error 0.022-0.024 over 8 draws, where counting from the
+    # first update gave 0.03-0.26): it landed within 7%; 8%, which a 10%
+    # scaling error fails on these draws (0.5%, 3.4% and 1% off).
+    assert estimate.relative_error < 0.04, estimate
+    assert_truth(estimate, trace, g2, tolerance=0.08)
 
 
 def _compat_second_moments(trainer):
@@ -377,9 +371,11 @@ def test_preconditioned_needs_an_adam_family_optimizer():
         x, y, kernel, bias, accumulation=2,
         config=NoiseScaleConfig(mode="preconditioned", decay=0.9),
         optimizer_fn=lambda: keras.optimizers.Adam(1e-3))
-    trainer.fit(dataset_fn, steps_per_epoch=20, epochs=1)
-    # v_hat exists only after the first update: 19 steps counted.
-    assert trainer.noise_scale.estimate().steps == 19
+    steps = SETTLE_UPDATES + 20
+    trainer.fit(dataset_fn, steps_per_epoch=steps, epochs=1)
+    # Steps count once v_hat has SETTLE_UPDATES updates behind it: step k
+    # reads v_hat after k - 1.
+    assert trainer.noise_scale.estimate().steps == 20
     assert trainer.noise_scale.summary()["mode"] == "preconditioned"
 
 

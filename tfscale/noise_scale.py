@@ -44,7 +44,11 @@ checkpoint, so a resumed run continues them on any worker count.
 The preconditioned variant (AdaptDL's, for Adam and LAMB) divides every
 gradient by sqrt(v_hat) + epsilon, v_hat being the optimizer's bias-corrected
 second moment before this step's update: the noise scale of the direction
-Adam actually moves in. It needs the optimizer to have taken one update.
+Adam actually moves in. Steps count from the optimizer's
+`SETTLE_UPDATES`-th update on: v_hat is an average of the squared gradients
+so far, and after few of them a coordinate's g^2 / v_hat is heavy-tailed
+(after one, F(1, 1), which has no mean), so a single early step could
+outweigh a thousand later ones in the average.
 """
 
 import dataclasses
@@ -165,6 +169,12 @@ def squared_norms(grads, groups: Groups, preconditioners=None) -> tf.Tensor:
                            for s in sums])
 
 
+# Updates before the preconditioned noise scale counts a step: v_hat then
+# averages about 100 squared gradients per coordinate (relative noise about
+# sqrt(2 / 100) = 14%; with Adam's beta_2 = 0.999 its window is ~1,000).
+SETTLE_UPDATES = 100
+
+
 class Preconditioner:
     """1 / (sqrt(v_hat) + epsilon) of an Adam-family optimizer, per variable.
 
@@ -185,10 +195,10 @@ class Preconditioner:
 
     def factors(self) -> Tuple[list, tf.Tensor]:
         """(per-variable factors, ready): ready is 1.0 once the optimizer
-        has taken an update (v_hat is then defined)."""
+        has taken `SETTLE_UPDATES` updates (v_hat has settled)."""
         optimizer = self._optimizer
         t = tf.cast(optimizer.iterations, tf.float32)
-        ready = tf.cast(t > 0, tf.float32)
+        ready = tf.cast(t >= SETTLE_UPDATES, tf.float32)
         correction = 1.0 - tf.pow(tf.cast(optimizer.beta_2, tf.float32),
                                   tf.maximum(t, 1.0))
         epsilon = tf.cast(optimizer.epsilon, tf.float32)
@@ -399,6 +409,9 @@ class NoiseScale:
     def log_text(self) -> str:
         """The noise scale's part of a log line."""
         logs = self.logs()
+        if self.config.mode == "preconditioned" and not self.estimate().steps:
+            return (f"; noise scale waiting for the optimizer's second "
+                    f"moments (counts from update {SETTLE_UPDATES})")
         if "gradient_noise_scale_warmup" in logs:
             return (f"; noise scale warming up "
                     f"({logs['gradient_noise_scale_warmup']:.0f}/"
