@@ -155,9 +155,20 @@ def test_a_jobs_flag_page_names_every_flag_and_no_other(page):
 def test_help_lists_the_flags(command):
     import subprocess
     import sys
-    output = subprocess.run([sys.executable, *command, "--help"], cwd=REPO,
-                            capture_output=True, text=True).stdout
-    listed = set(re.findall(r"^  --(?:\[no\])?([a-z0-9_]+)", output, re.M))
+    def sections(option):
+        """{flag: the heading it is listed under}."""
+        output = subprocess.run([sys.executable, *command, option], cwd=REPO,
+                                capture_output=True, text=True).stdout
+        where, heading = {}, None
+        for line in output.splitlines():
+            if re.match(r"^\S.*:$", line):
+                heading = line
+            flag = re.match(r"^  (?:-\?,)?--(?:\[no\])?([a-z0-9_]+)", line)
+            if flag:
+                where[flag.group(1)] = heading
+        return where, output
+    grouped, output = sections("--help")
+    listed = set(grouped)
     module = (command[1] if command[0] == "-m" else
               {"run_pretraining.py": "models.tasks.run_pretraining",
                "train_image_classifier.py":
@@ -166,3 +177,6 @@ def test_help_lists_the_flags(command):
     assert job_flags(module) <= listed and listed, output[-2000:]
     # Only the program's own: not flags a library defines on import.
     assert not listed & {"delta_threshold", "hbm_oom_exit"}, listed
+    # Grouped as --helpfull groups them.
+    full, _ = sections("--helpfull")
+    assert {f: full[f] for f in listed} == grouped

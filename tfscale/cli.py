@@ -16,6 +16,8 @@ import tempfile
 import traceback
 from typing import Callable
 
+from absl import app, flags
+
 # Lines TensorFlow prints while it loads and looks for GPUs. On a host with
 # no NVIDIA device they say nothing ("failed call to cuInit: ... CUDA error"
 # reads as a failure), so a quiet run drops them there.
@@ -120,7 +122,6 @@ def entry_point(program: str, make_config: Callable, job: str) -> Callable:
                 config)
 
     def run():
-        from absl import app
         list_flags_in_help()
         app.run(main)
     return run
@@ -130,20 +131,51 @@ _PACKAGES = ("models", "tfscale", "input_pipelines", "launch")
 
 
 def list_flags_in_help() -> None:
-    """Makes `--help` list the project's flags. absl's `--help` shows the
-    key flags of the main module (the script or console script) only, and
-    an entry point's flags are defined in modules it imports (or in named
-    groups): each flag not absl's own becomes a key flag of the main module
-    (`--helpfull` lists them by group, with absl's)."""
-    from absl import flags
+    """Makes `--help` (and `--helpshort`) list the project's flags, grouped
+    as `--helpfull` groups them (by module, or by named group "name (N)
+    concern"), without the flags of absl and of libraries that define
+    some on import. absl's own `--help` lists the main module's key flags
+    only, and an entry point's flags live in modules it imports."""
+    app.define_help_flags()  # idempotent; app.run calls it again
     values = flags.FLAGS
-    for module, defined in values.flags_by_module_dict().items():
-        # The project's modules and its named --helpfull groups ("name (N)
-        # concern"); not absl's, nor those libraries define on import.
-        if (module.split(".")[0] in _PACKAGES
-                or re.match(r"\w+ \(\d+\) ", module)):
-            for flag in defined:
-                values.register_key_flag_for_module(sys.argv[0], flag)
+    for flag in (values["help"], values["helpshort"]):
+        for name in {flag.name, flag.short_name} - {None}:
+            delattr(values, name)
+    for flag in (_ProjectHelp(), _ProjectHelpShort()):
+        flags.DEFINE_flag(flag, module_name=app.__name__)
+
+
+def project_flags_help() -> str:
+    """The project's flags, one section per module or named group."""
+    values = flags.FLAGS
+    # The project's modules and its named --helpfull groups ("name (N)
+    # concern"); not absl's, nor those libraries define on import.
+    # The main module's first (a script's flags are defined in it).
+    groups = sorted(
+        (module for module in values.flags_by_module_dict()
+         if module == sys.argv[0] or module.split(".")[0] in _PACKAGES
+         or re.match(r"\w+ \(\d+\) ", module)),
+        key=lambda module: (module != sys.argv[0], module))
+    return "\n".join(values.module_help(module) for module in groups)
+
+
+class _ProjectHelp(app.HelpFlag):
+    """--help: the program's docstring and `project_flags_help()`, then
+    exit code 1 (as absl's)."""
+
+    def parse(self, arg):
+        if self._parse(arg):
+            doc = (sys.modules["__main__"].__doc__
+                   or f"\nUSAGE: {sys.argv[0]} [flags]\n")
+            sys.stdout.write(f"{doc}\nflags:\n{project_flags_help()}\n\n"
+                             "Try --helpfull to get a list of all flags.\n")
+            sys.stdout.flush()
+            sys.exit(1)
+
+
+class _ProjectHelpShort(_ProjectHelp):
+    NAME = "helpshort"
+    SHORT_NAME = None
 
 
 def raise_open_file_limit() -> int:

@@ -11,7 +11,9 @@ and exact resume, preemption (SIGTERM -> agreed step -> checkpoint -> exit
 143, see `preemption.py`), and a per-step time split (input wait, compute,
 gradient sync, update).
 
-The math lives in `step.py`; this file is the loop around it.
+The math lives in `step.py`; this file is the loop around it. Where the run
+is (step, input position and order) lives in `run_position.py`; what a log
+interval reports, in `reporting.py`.
 """
 
 import shutil
@@ -35,6 +37,8 @@ from tfscale.input_feed import (InputFeed, InputPipelineError,
                                  delete_in_background, input_error,
                                  is_input_error)
 from tfscale.preemption import Preempted, SignalWatch
+from tfscale.reporting import IntervalReport
+from tfscale.run_position import RunPosition
 from tfscale.step import EvalStep, TrainStep
 from tfscale.timing import StepTimer
 from tfscale.train_config import TrainConfig
@@ -60,28 +64,6 @@ def _check_fits(model, config: TrainConfig, replicas: int) -> None:
             f"TrainConfig.precision is {config.precision!r} but the model "
             f"was built with dtype policy {policy!r}: call "
             "tfscale.precision.set_precision before building the model")
-
-
-def _run_variables():
-    """(step, input_position, input_order): host variables, identical on
-    every worker by construction (a MirroredVariable costs about a
-    millisecond per step to update).
-
-    - step: steps taken, including fp16 steps skipped for non-finite
-      gradients (optimizer.iterations counts applied ones only);
-    - input_position: records consumed (global batch per step), where a
-      positioned input (`dataset_fn.at`) resumes on any worker count; -1:
-      unknown (a checkpoint from before it was kept);
-    - input_order: what the position counts in (a positioned input's
-      `order()`: its record set and seed); "" when unknown.
-    """
-    with tf.device("/cpu:0"):
-        return (tf.Variable(0, dtype=tf.int64, trainable=False,
-                            name="train_step"),
-                tf.Variable(0, dtype=tf.int64, trainable=False,
-                            name="input_position"),
-                tf.Variable("", dtype=tf.string, trainable=False,
-                            name="input_order"))
 
 
 class Trainer:
@@ -155,7 +137,7 @@ class Trainer:
                       or wrapped is not None)
             self.loss_scale = (precision_lib.DynamicLossScale() if scaled
                                else None)
-        self.step, self.input_position, self.input_order = _run_variables()
+        self.position = RunPosition(config.global_batch_size)
         _compat.disable_gradient_aggregation(optimizer)
         # Keras callbacks (TensorBoard, BackupAndRestore, ModelCheckpoint)
         # look for the optimizer where `compile` would have put it.
@@ -177,8 +159,9 @@ class Trainer:
                                    metrics=self.metrics, strategy=strategy,
                                    collectives=self.collectives)
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
-        self._interval_loss, self._interval_steps = 0.0, 0
-        self._skipped_steps = 0  # fp16 steps skipped in this log interval
+        self._interval = IntervalReport(
+            self.timer, loss_scale=self.loss_scale,
+            noise_scale=self.noise_scale, adascale=self._adascale)
         self._noise_notice_given = False
         self._adascale_end_logged = False
         self.checkpoint_path = None
@@ -214,10 +197,12 @@ class Trainer:
         """The checkpoints: everything the run is (model, optimizer, step,
         loss scale, metrics, input position and order, noise scale,
         AdaScale)."""
+        position = self.position
         trackables = checkpointing.training_trackables(
-            self.model, self.optimizer, self.step, loss_scale=self.loss_scale,
-            metrics=self.metrics, input_position=self.input_position,
-            input_order=self.input_order,
+            self.model, self.optimizer, position.step,
+            loss_scale=self.loss_scale, metrics=self.metrics,
+            input_position=position.input_position,
+            input_order=position.input_order,
             noise_scale=(self.noise_scale.variables
                          if self.noise_scale else None),
             adascale=(self._adascale.variables if self._adascale else None))
@@ -229,6 +214,11 @@ class Trainer:
             max_to_keep=self.config.max_checkpoints_to_keep, **trackables)
 
     # ---- public API --------------------------------------------------------
+
+    @property
+    def step(self) -> tf.Variable:
+        """Steps taken (including fp16 steps skipped): a host variable."""
+        return self.position.step
 
     @classmethod
     def from_compiled(cls, model: keras.Model, config: TrainConfig,
@@ -403,7 +393,7 @@ class Trainer:
         if self._feed is not None:
             self._feed.close()
         self._feed = self._make_feed(
-            dataset_fn.at(int(self.input_position.numpy())))
+            dataset_fn.at(self.position.records))
         spec = tf.nest.flatten(self._feed.iterator.element_spec,
                                expand_composites=True)[0]
         delivered = spec.shape[0] if spec.shape.rank else None
@@ -422,8 +412,7 @@ class Trainer:
              steps_per_epoch, epochs, validation_fn, validation_steps,
              initial_epoch):
         self.model.stop_training = False
-        self.timer.reset()
-        self._interval_loss, self._interval_steps = 0.0, 0
+        self._interval.reset()
         positioned = _positioned(dataset_fn)
         restored, reordered = self._restore(dataset_fn, positioned)
         _compat.clear_restored_epoch(self.model)
@@ -435,7 +424,7 @@ class Trainer:
         self._start_where_callbacks_say(restored, dataset_fn, positioned,
                                         steps_per_epoch, initial_epoch)
         self._resume_noise_scale(restored)
-        start = int(self.step.numpy())
+        start = self.position.steps
         if restored:
             self._saved_step = start
             self._log(f"resumed from {restored} at step {start}; input "
@@ -472,13 +461,12 @@ class Trainer:
             if not positioned and _resumable(dataset_fn):
                 self._keeper.track_input(self._feed.iterator)
             if self._keeper.latest:
-                self.input_position.assign(-1)  # unless the checkpoint has it
-                self.input_order.assign("")
+                self.position.forget_input()  # unless the checkpoint has it
             restored = self._keeper.restore_latest()
-        self._settle_input_position()
+        self.position.settle()
         reordered = None
         if positioned:
-            reordered = self._settle_input_order(dataset_fn)
+            reordered = self.position.settle_order(dataset_fn)
             self._position_feed(dataset_fn)
         return restored, reordered
 
@@ -487,23 +475,20 @@ class Trainer:
         """After `on_train_begin`: BackupAndRestore may have loaded its own
         weights (the Trainer's checkpoint wins) or restored an epoch (the
         run starts there), or `initial_epoch` sets a fresh run's start."""
-        moved = False
         backup_epoch = _compat.restored_epoch(self.model)
         if restored and backup_epoch is not None:
             # BackupAndRestore loaded its weights over ours: ours win.
             self._keeper.restore_latest()
-        elif backup_epoch:
+            return
+        if backup_epoch:
             # BackupAndRestore restored weights at an epoch boundary.
-            self.step.assign(backup_epoch * steps_per_epoch)
-            moved = True
-        elif initial_epoch and not int(self.step.numpy()):
-            self.step.assign(initial_epoch * steps_per_epoch)
-            moved = True
-        if moved:
-            self.input_position.assign(-1)
-            self._settle_input_position()
-            if positioned:
-                self._position_feed(dataset_fn)
+            self.position.move_to(backup_epoch * steps_per_epoch)
+        elif initial_epoch and not self.position.steps:
+            self.position.move_to(initial_epoch * steps_per_epoch)
+        else:
+            return
+        if positioned:
+            self._position_feed(dataset_fn)
 
     def _resume_noise_scale(self, restored) -> None:
         if restored and self.noise_scale is not None:
@@ -523,7 +508,7 @@ class Trainer:
             return reordered
         if positioned:
             return (f"position restored (global record "
-                    f"{int(self.input_position.numpy())}, the same order on "
+                    f"{self.position.records}, the same order on "
                     "any worker count)")
         if not _resumable(dataset_fn):
             return ("continues where its tf.data service is (its position "
@@ -591,7 +576,7 @@ class Trainer:
         callback_list.on_epoch_begin(epoch)
         # The step in Python (the variable is for checkpoints): the loop
         # reads the device once per call of the compiled step.
-        step = int(self.step.numpy())
+        step = self.position.steps
         if step % steps_per_epoch == 0:
             # (A resume inside an epoch keeps the restored running values.)
             for metric in self.metrics:
@@ -611,8 +596,6 @@ class Trainer:
             batch += result.steps
             loss_total += sum(result.losses)
             seen += result.steps
-            self._interval_loss += sum(result.losses)
-            self._interval_steps += result.steps
             # As in Keras's fit: "loss" is the running mean over the epoch.
             logs = {"loss": loss_total / seen, **result.metrics}
             # An interval ends every log_steps and at the epoch's end, so a
@@ -635,18 +618,16 @@ class Trainer:
         return dict(logs)
 
     def _count(self, result) -> None:
-        """A call's steps join the run: fp16 skips, the noise scale and
-        AdaScale's progress, the step and the input position."""
-        self._skipped_steps += result.skipped
+        """A call's steps join the run: the log interval, the noise scale
+        and AdaScale's progress, the step and the input position."""
+        self._interval.add(result)
         for noise in result.noise:
             self.noise_scale.update(noise)
             if self._adascale is not None:
                 # (One step per call: `skipped` is this step's.)
                 self._adascale.advance(self.noise_scale.estimate(),
                                        skipped=bool(result.skipped))
-        self.step.assign_add(result.steps)
-        self.input_position.assign_add(
-            result.steps * self.config.global_batch_size)
+        self.position.advance(result.steps)
 
     def _after_call(self, result, step: int, watch) -> bool:
         """After a call's callbacks: preempted (saves, leaves together,
@@ -690,7 +671,7 @@ class Trainer:
         without AdaScale."""
         if self._adascale is None:
             return None
-        return self._adascale.summary(int(self.step.numpy()))
+        return self._adascale.summary(self.position.steps)
 
     def _adascale_finished(self) -> bool:
         """AdaScale's progress reached the reference run's length: the run
@@ -702,7 +683,7 @@ class Trainer:
             self._log(f"AdaScale: progress {self._adascale.progress():.1f} "
                       f"reached the reference run's "
                       f"{self._adascale.reference_steps} steps at step "
-                      f"{int(self.step.numpy())}; the run ends here")
+                      f"{self.position.steps}; the run ends here")
         return True
 
     def _agreed_stop(self) -> bool:
@@ -717,34 +698,6 @@ class Trainer:
 
     # ---- helpers -------------------------------------------------------------
 
-    def _settle_input_position(self) -> None:
-        """An unknown position (-1: an older checkpoint, or a step set by
-        BackupAndRestore or `initial_epoch`) is the step's global batches."""
-        if int(self.input_position.numpy()) < 0:
-            self.input_position.assign(
-                int(self.step.numpy()) * self.config.global_batch_size)
-
-    def _settle_input_order(self, dataset_fn) -> Optional[str]:
-        """Checks that a restored position counts in this input's order (its
-        record set and seed); when they differ, moves the position to where
-        the input says the new order starts and returns the line saying so.
-        Records this input's order for the next checkpoint."""
-        order = getattr(dataset_fn, "order", None)
-        if order is None:
-            return None
-        current = order()
-        saved = self.input_order.numpy().decode()
-        self.input_order.assign(current)
-        if not saved:  # a fresh run, or a checkpoint from before orders
-            return None
-        position, message = dataset_fn.reorder(
-            saved, int(self.input_position.numpy()),
-            self.config.global_batch_size)
-        if message is None:
-            return None
-        self.input_position.assign(position)
-        return message
-
     def _local(self, value):
         return self.strategy.experimental_local_results(value)[0]
 
@@ -756,40 +709,14 @@ class Trainer:
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
 
     def _report(self, step: int) -> dict:
-        """Throughput, time split and mean loss of the last log interval."""
-        summary = self.timer.summary()
-        summary["interval_loss"] = self._interval_loss / max(
-            self._interval_steps, 1)
-        self.timer.reset()
-        self._interval_loss, self._interval_steps = 0.0, 0
-        fp16 = ""
-        if self.loss_scale is not None:
-            summary["loss_scale"] = float(self.loss_scale.scale.numpy())
-            summary["skipped_steps"] = float(self._skipped_steps)
-            self._skipped_steps = 0
-            fp16 = (f"; loss scale {summary['loss_scale']:g}, "
-                    f"{summary['skipped_steps']:g} step(s) skipped")
-        noise = ""
-        if self.noise_scale is not None:
-            summary.update(self.noise_scale.logs())
-            noise = self.noise_scale.log_text()
-        if self._adascale is not None:
-            summary["adascale_gain"] = self._adascale.current_gain()
-            noise += f", AdaScale gain {summary['adascale_gain']:.3g}"
-        line = (f"step {step}: loss {summary['interval_loss']:.4f}, "
-                f"{summary['examples_per_second']:.1f} examples/s, "
-                f"step {1000 * summary['step_time']:.1f} ms; timed steps "
-                f"{1000 * summary['timed_step_time']:.1f} ms "
-                f"(input {1000 * summary['input_wait']:.1f}, "
-                f"compute {1000 * summary['compute']:.1f}, "
-                f"sync {1000 * summary['sync']:.1f}, "
-                f"update {1000 * summary['update']:.1f}){fp16}{noise}")
+        """Closes the log interval: its numbers, and its line at verbose 2."""
+        summary, line = self._interval.close(step)
         if self._verbose == 2:
             self._log(line)
         return summary
 
     def _save(self):
-        step = int(self.step.numpy())
+        step = self.position.steps
         if self._keeper and step != self._saved_step:
             # (Every worker takes the same branch: the step is agreed.)
             if self.noise_scale is not None:
