@@ -474,7 +474,7 @@ def relative_cost(b_noise: float, batch: float, other: float
 # Advice prices a batch change over B_simple's interval stretched by the
 # range that applies, nothing narrower.
 STUDY_RATIO = (0.54, 4.04)
-STUDY_RATIO_EARLY = (0.51, 18.2)
+STUDY_RATIO_EARLY = (0.54, 18.2)
 SETTLED_WINDOWS = 5
 
 
