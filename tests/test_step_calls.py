@@ -15,7 +15,7 @@ from tensorflow.python.framework import ops as tf_ops  # to count host reads
 
 from tfscale import noise_scale as noise_lib
 from tfscale import precision
-from tfscale.input_feed import InputPipelineError
+from tfscale.replica_feed import InputPipelineError
 from tfscale.optim.lamb import Lamb
 from tfscale.trainer import TrainConfig, Trainer
 from tests.test_trainer import (TWO_CPUS, Recorder, data, dataset_fn_for,

@@ -285,11 +285,11 @@ def test_batch_must_divide_into_replicas_and_micro_batches():
 def test_fit_and_evaluate_delete_their_iterators_off_the_main_thread(
         tmp_path, monkeypatch):
     # Deleting a tf.data iterator can block for up to a minute in TF 2.21
-    # (see input_feed.py); the Trainer must leave no reference behind (a
+    # (see replica_feed.py); the Trainer must leave no reference behind (a
     # checkpoint, a cycle) so the background thread does the deletion.
-    from tfscale import input_feed
+    from tfscale import replica_feed
     freed = []
-    original_init = input_feed.InputFeed.__init__
+    original_init = replica_feed.ReplicaFeed.__init__
     original_iter = iter
 
     def watch(iterator):
@@ -300,7 +300,7 @@ def test_fit_and_evaluate_delete_their_iterators_off_the_main_thread(
         original_init(self, *args, **kwargs)
         watch(self.iterator)
 
-    monkeypatch.setattr(input_feed.InputFeed, "__init__", init)
+    monkeypatch.setattr(replica_feed.ReplicaFeed, "__init__", init)
     x, y = data(n=64)
     trainer = make_trainer(mirrored(TWO_CPUS), TrainConfig(
         global_batch_size=16, checkpoint_dir=str(tmp_path), verbose=0))

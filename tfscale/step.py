@@ -120,7 +120,7 @@ class TrainStep:
             all-reduce, and whether metric states must be summed here.
         config: The Trainer's `TrainConfig`.
         feed: `fn(iterator, k) -> k per-replica micro-batches`
-            (`InputFeed.take`); it runs inside the compiled call too.
+            (`ReplicaFeed.take`); it runs inside the compiled call too.
         loss_scale: A `precision.DynamicLossScale` for fp16, else None.
 
     `run` is the one entry point of the training loop: it owns the choice

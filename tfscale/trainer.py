@@ -29,14 +29,14 @@ from tfscale import callback_files
 from tfscale import checkpointing
 from tfscale import collectives as collectives_lib
 from tfscale import fail_fast
-from tfscale import fit_inputs
+from tfscale import fit_arguments
 from tfscale import noise_scale as noise_lib
 from tfscale import precision as precision_lib
 from tfscale.errors import ConfigError
-from tfscale.input_feed import (InputFeed, InputPipelineError,
-                                 delete_in_background, input_error,
-                                 is_input_error)
 from tfscale.preemption import Preempted, SignalWatch
+from tfscale.replica_feed import (InputPipelineError, ReplicaFeed,
+                                  delete_in_background, input_error,
+                                  is_input_error)
 from tfscale.reporting import IntervalReport
 from tfscale.run_position import RunPosition
 from tfscale.step import EvalStep, TrainStep
@@ -260,7 +260,7 @@ class Trainer:
             ) -> keras.callbacks.History:
         """Trains for `epochs` x `steps_per_epoch` optimizer steps.
 
-        Takes what `model.fit` takes (see `fit_inputs.py`) or, the fast
+        Takes what `model.fit` takes (see `fit_arguments.py`) or, the fast
         path, a `dataset_fn`. Resumes from the latest checkpoint in
         `config.checkpoint_dir`: model, RNG states, optimizer, step and the
         input position, so the run continues exactly where it stopped.
@@ -308,13 +308,13 @@ class Trainer:
             ValueError: Inputs that do not fit the Trainer (batch size,
                 too little data, unknown length without steps_per_epoch).
         """
-        if fit_inputs.is_dataset_fn(x):
+        if fit_arguments.is_dataset_fn(x):
             if steps_per_epoch is None:
                 raise ValueError("steps_per_epoch is required with a "
                                  "dataset_fn")
             dataset_fn = x
         else:
-            dataset_fn, steps_per_epoch = fit_inputs.training_input(
+            dataset_fn, steps_per_epoch = fit_arguments.training_input(
                 x, y, sample_weight, batch_size=batch_size,
                 global_batch_size=self.config.global_batch_size,
                 per_replica_batch_size=self.per_replica_batch_size,
@@ -367,17 +367,17 @@ class Trainer:
 
     def _evaluation_fn(self, data, batch_size=None, y=None,
                        sample_weight=None):
-        if fit_inputs.is_dataset_fn(data):
+        if fit_arguments.is_dataset_fn(data):
             return data
         if isinstance(data, tuple):
             data, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        return fit_inputs.evaluation_input(
+        return fit_arguments.evaluation_input(
             data, y, sample_weight,
             batch_size=batch_size or self.config.global_batch_size,
             per_replica_batch_size=self.per_replica_batch_size)
 
-    def _make_feed(self, dataset_fn) -> InputFeed:
-        return InputFeed(self.strategy, dataset_fn,
+    def _make_feed(self, dataset_fn) -> ReplicaFeed:
+        return ReplicaFeed(self.strategy, dataset_fn,
                          num_replicas=self.collectives.num_replicas,
                          num_workers=self.num_workers,
                          worker_index=self.worker_index)
@@ -536,7 +536,7 @@ class Trainer:
         if self.collectives.num_replicas > self.strategy.num_replicas_in_sync:
             # One replica per process (MPI): this process's shard; the
             # others may have more batches (run_empty matches them).
-            iterator = InputFeed(self.strategy, dataset_fn,
+            iterator = ReplicaFeed(self.strategy, dataset_fn,
                                  num_replicas=self.collectives.num_replicas,
                                  num_workers=self.num_workers,
                                  worker_index=self.worker_index).iterator

@@ -48,7 +48,7 @@ class InputPipelineError(Exception):
     TensorFlow's error."""
 
 
-class InputFeed:
+class ReplicaFeed:
     """This worker's dataset, served as per-replica micro-batches.
 
     Args:
