@@ -66,6 +66,22 @@ def _check_fits(model, config: TrainConfig, replicas: int) -> None:
             "tfscale.precision.set_precision before building the model")
 
 
+def _unwrap_and_scale(model, optimizer, strategy):
+    """(the optimizer the Trainer updates with, built; fp16's loss scale or
+    None). A keras.optimizers.LossScaleOptimizer (what `compile` makes under
+    a mixed_float16 policy) gives its inner optimizer: the Trainer scales
+    the loss itself, after the all-reduce. Loss scaling follows the model's
+    dtype policy (or such a wrapper), whatever built it."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    scaled = (precision_lib.needs_loss_scaling(model.dtype_policy.name)
+              or inner is not None)
+    optimizer = inner if inner is not None else optimizer
+    with strategy.scope():
+        optimizer.build(model.trainable_variables)
+        loss_scale = precision_lib.DynamicLossScale() if scaled else None
+    return optimizer, loss_scale
+
+
 class Trainer:
     """Trains a Keras 3 model under a `tf.distribute` strategy.
 
@@ -108,13 +124,8 @@ class Trainer:
                             if isinstance(backend, str) else backend)
         divisor = self.collectives.num_replicas * config.num_accumulation_steps
         _check_fits(model, config, self.collectives.num_replicas)
-        # A keras.optimizers.LossScaleOptimizer (what `compile` makes under a
-        # mixed_float16 policy): the Trainer scales the loss itself, after
-        # the all-reduce, and updates with the inner optimizer.
-        wrapped = getattr(optimizer, "inner_optimizer", None)
-        if wrapped is not None:
-            optimizer = wrapped
-        policy = model.dtype_policy.name
+        optimizer, self.loss_scale = _unwrap_and_scale(model, optimizer,
+                                                       strategy)
         self.model = model
         self.optimizer = optimizer
         self.strategy = strategy
@@ -129,14 +140,6 @@ class Trainer:
             # (not after a collective timeout): see fail_fast.py.
             fail_fast.install(f"worker {self.worker_index}",
                               self.collectives.abort)
-        with strategy.scope():
-            optimizer.build(model.trainable_variables)
-            # Loss scaling follows the model's dtype policy (or a
-            # LossScaleOptimizer), whatever built it.
-            scaled = (precision_lib.needs_loss_scaling(policy)
-                      or wrapped is not None)
-            self.loss_scale = (precision_lib.DynamicLossScale() if scaled
-                               else None)
         self.position = RunPosition(config.global_batch_size)
         _compat.disable_gradient_aggregation(optimizer)
         # Keras callbacks (TensorBoard, BackupAndRestore, ModelCheckpoint)
