@@ -156,6 +156,53 @@ def _directory_glob(directory):
     return os.path.join(directory, "*") if directory else None
 
 
+def _aliases():
+    """(precision, backend, steps, optimizer) after Google's and NVIDIA's
+    spellings of them (--use_fp16/--amp, --horovod, --num_train_epochs x
+    --num_steps_per_epoch, --optimizer_type)."""
+    precision_name = FLAGS.precision
+    if FLAGS.use_fp16 or FLAGS.amp:
+        if FLAGS.precision not in ("float32", "mixed_float16"):
+            fail(f"--use_fp16/--amp contradicts --precision={FLAGS.precision}")
+        precision_name = "mixed_float16"
+    backend = FLAGS.backend
+    if (FLAGS.horovod or FLAGS.use_horovod) and not FLAGS["backend"].present:
+        backend = "mpi"  # what NVIDIA's mpirun/horovodrun command lines mean
+    num_train_steps = FLAGS.num_train_steps
+    if FLAGS.num_train_epochs or FLAGS.num_steps_per_epoch:
+        if not (FLAGS.num_train_epochs and FLAGS.num_steps_per_epoch):
+            fail("--num_train_epochs and --num_steps_per_epoch go together")
+        num_train_steps = FLAGS.num_train_epochs * FLAGS.num_steps_per_epoch
+    optimizer_name = FLAGS.optimizer
+    if FLAGS.optimizer_type:
+        # NVIDIA's "adam" is BERT's AdamWeightDecay: decoupled decay, AdamW.
+        optimizer_name = {"adam": "adamw"}.get(FLAGS.optimizer_type,
+                                               FLAGS.optimizer_type)
+    return precision_name, backend, num_train_steps, optimizer_name
+
+
+def _model_from_flags(bert_config):
+    """--bert_config_file's BertConfig, else --model's preset."""
+    if not FLAGS.bert_config_file:
+        return bert_config.preset(FLAGS.model, vocab_size=FLAGS.vocab_size)
+    try:
+        return bert_config.BertConfig.from_json_file(FLAGS.bert_config_file)
+    except ValueError as e:
+        fail(f"--bert_config_file: {e}")
+
+
+def _profile_from_flags():
+    """--profile_steps as (first, last), or None."""
+    if not FLAGS.profile_steps:
+        return None
+    try:
+        first, last = (int(v) for v in FLAGS.profile_steps.split(","))
+        return first, last
+    except ValueError:
+        fail(f"--profile_steps must be 'first,last', got "
+             f"{FLAGS.profile_steps!r}")
+
+
 def config_from_flags():
     """FLAGS -> a frozen, validated `PretrainingConfig` (the only FLAGS
     reader). Exits with one line naming the flag on a bad value."""
@@ -175,39 +222,9 @@ def config_from_flags():
     if FLAGS.use_tpu:
         fail("--use_tpu=True: TPUs are not supported; tfscale runs on GPUs and "
              "CPUs (drop --use_tpu and the --tpu_* flags)")
-    precision_name = FLAGS.precision
-    if FLAGS.use_fp16 or FLAGS.amp:
-        if FLAGS.precision not in ("float32", "mixed_float16"):
-            fail(f"--use_fp16/--amp contradicts --precision={FLAGS.precision}")
-        precision_name = "mixed_float16"
-    backend = FLAGS.backend
-    if (FLAGS.horovod or FLAGS.use_horovod) and not FLAGS["backend"].present:
-        backend = "mpi"  # what NVIDIA's mpirun/horovodrun command lines mean
-    num_train_steps = FLAGS.num_train_steps
-    if FLAGS.num_train_epochs or FLAGS.num_steps_per_epoch:
-        if not (FLAGS.num_train_epochs and FLAGS.num_steps_per_epoch):
-            fail("--num_train_epochs and --num_steps_per_epoch go together")
-        num_train_steps = FLAGS.num_train_epochs * FLAGS.num_steps_per_epoch
-    optimizer_name = FLAGS.optimizer
-    if FLAGS.optimizer_type:
-        # NVIDIA's "adam" is BERT's AdamWeightDecay: decoupled decay, AdamW.
-        optimizer_name = {"adam": "adamw"}.get(FLAGS.optimizer_type,
-                                               FLAGS.optimizer_type)
-    if FLAGS.bert_config_file:
-        try:
-            model = bert_config.BertConfig.from_json_file(FLAGS.bert_config_file)
-        except ValueError as e:
-            fail(f"--bert_config_file: {e}")
-    else:
-        model = bert_config.preset(FLAGS.model, vocab_size=FLAGS.vocab_size)
-    profile = None
-    if FLAGS.profile_steps:
-        try:
-            first, last = (int(v) for v in FLAGS.profile_steps.split(","))
-            profile = (first, last)
-        except ValueError:
-            fail(f"--profile_steps must be 'first,last', got "
-                 f"{FLAGS.profile_steps!r}")
+    precision_name, backend, num_train_steps, optimizer_name = _aliases()
+    model = _model_from_flags(bert_config)
+    profile = _profile_from_flags()
     eval_records = None
     if FLAGS.do_eval or eval_input_file:
         # Google's script evaluates on --input_file when there is nothing else.
