@@ -170,8 +170,11 @@ def squared_norms(grads, groups: Groups, preconditioners=None) -> tf.Tensor:
 
 
 # Updates before the preconditioned noise scale counts a step: v_hat then
-# averages about 100 squared gradients per coordinate (relative noise about
-# sqrt(2 / 100) = 14%; with Adam's beta_2 = 0.999 its window is ~1,000).
+# averages about 100 squared gradients per coordinate (for normally
+# distributed gradients its relative noise is sqrt(2 / 100) = 14%; with
+# Adam's beta_2 = 0.999 its window is ~1,000). On the truth test's softmax
+# regression this brought the estimate's relative error from 0.03-0.26
+# (counting from the first update, 6 draws) to 0.022-0.024 (8 draws).
 SETTLE_UPDATES = 100
 
 
