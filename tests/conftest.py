@@ -5,6 +5,13 @@ so in-process tests can run `MirroredStrategy` with two replicas and no GPU.
 Multi-process tests start real workers through `launch.local` (see
 `run_workers`), each with a hard timeout, and print every worker's output when
 they fail.
+
+Every test starts from the same global random state, whatever ran before it:
+an autouse fixture sets Keras's, TensorFlow's, NumPy's and Python's global
+seeds (`keras.utils.set_random_seed`, which also drops Keras's global
+SeedGenerator) before each test. `--global-seed=K` starts every test from
+seed K instead of 0; tests whose outcome depends on the seed must pass at
+any K (`make test-seeds` runs the noise-scale and AdaScale tests at 20).
 """
 
 import os
@@ -18,9 +25,33 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+DEFAULT_GLOBAL_SEED = 0
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--global-seed", type=int, default=DEFAULT_GLOBAL_SEED,
+        help="the global random seed every test starts from (default "
+             f"{DEFAULT_GLOBAL_SEED})")
+
+
+@pytest.fixture(autouse=True)
+def same_global_random_state(request):
+    """Sets every global seed before the test, so no test's outcome depends
+    on which tests ran before it in the same process."""
+    import keras
+    keras.utils.set_random_seed(request.config.getoption("global_seed"))
+    yield
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: starts real worker processes (multi-process tests)")
+    two_cpu_devices()
+
+
+def two_cpu_devices():
+    """Splits the CPU into two logical devices (before TensorFlow uses it)."""
     import tensorflow as tf
     cpus = tf.config.list_physical_devices("CPU")
     try:
