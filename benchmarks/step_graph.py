@@ -7,10 +7,13 @@ time for the per-replica step on this machine.
 
 Elementwise work (Mul, Add, Cast, Select ...) is bound by memory: the
 elements an op writes (and reads) are its cost on a GPU when nothing fuses
-it, which is what TensorFlow does without XLA. The table points at the ops
-to remove or to leave to XLA's fusion; `--compile` times XLA's compilation
-of the per-replica forward/backward (with the accumulation and the metrics)
-on this machine's CPU.
+it, which is what TensorFlow does without XLA. A call of a function XLA
+must compile (`tf.function(jit_compile=True)`, e.g. models/elementwise.py's
+GELU and layer norm) is one fusion: it counts the elements of its outputs
+(row "XlaFusion", named by the function), not the ops inside. The table
+points at the ops to remove or to leave to XLA's fusion; `--compile` times
+XLA's compilation of the per-replica forward/backward (with the
+accumulation and the metrics) on this machine's CPU.
 """
 
 import argparse
@@ -35,6 +38,10 @@ def parse_args():
     p.add_argument("--compile", action="store_true",
                    help="also time XLA's compilation on this machine")
     p.add_argument("--json", default=None, help="also write the table here")
+    p.add_argument("--update", default=None, choices=["lamb", "adamw", "sgd"],
+                   help="instead: count the kernels of this optimizer's "
+                        "update of every variable, op by op against "
+                        "XLA's compiled update (TrainConfig.compile_update)")
     return p.parse_args()
 
 
@@ -62,7 +69,8 @@ PARTS = (("gelu", "GELU"), ("Gelu", "GELU"), ("dropout", "dropout"),
          ("metric", "metrics"), ("mean", "metrics"),
          ("sparse_categorical", "loss"), ("embeddings", "embeddings"))
 MATMULS = {"MatMul", "BatchMatMulV2", "BatchMatMul"}
-MOVES = {"Reshape", "ReadVariableOp", "Identity", "Const", "Shape",
+MOVES = {"Reshape", "ReadVariableOp", "Identity", "IdentityN", "Const",
+         "Shape",
          "StridedSlice", "Pack", "ConcatV2", "Bitcast", "Transpose",
          "GatherV2", "Tile", "BroadcastTo", "ExpandDims", "Squeeze"}
 
@@ -74,6 +82,21 @@ def part_of(name: str) -> str:
     return "other"
 
 
+def _elements(tensor) -> int:
+    shape = tensor.shape
+    return (shape.num_elements() or 0) if shape.is_fully_defined() else 0
+
+
+def _compiled_function(op) -> str:
+    """The name of the function `op` calls if XLA must compile it, else ''
+    (XLA compiles such a call as one cluster)."""
+    attrs = op.node_def.attr
+    if "_XlaMustCompile" in attrs and attrs["_XlaMustCompile"].b \
+            and "f" in attrs:
+        return attrs["f"].func.name
+    return ""
+
+
 def op_table(graph, by_part=None) -> list:
     """[(op type, dtype, ops, elements written)] of a graph and the
     functions it calls, largest first. `by_part`, a dict, also gets
@@ -82,17 +105,29 @@ def op_table(graph, by_part=None) -> list:
     rows = collections.defaultdict(lambda: [0, 0])
     seen = set()
 
+    def count(op, op_type, outputs, name):
+        n = sum(_elements(out) for out in outputs)
+        key = (op_type, outputs[0].dtype.name)
+        rows[key][0] += 1
+        rows[key][1] += n
+        if (by_part is not None and op_type not in MATMULS
+                and op_type not in MOVES and outputs[0].dtype.is_floating):
+            part = part_of(name)
+            by_part[part] = by_part.get(part, 0) + n
+
     def visit(g):
+        used = {t.name for op in g.get_operations() for t in op.inputs}
+        used |= {t.name for t in getattr(g, "outputs", [])}
         for op in g.get_operations():
-            for out in op.outputs[:1]:
-                n = out.shape.num_elements() if out.shape.is_fully_defined() else 0
-                key = (op.type, out.dtype.name)
-                rows[key][0] += 1
-                rows[key][1] += n or 0
-                if (by_part is not None and op.type not in MATMULS
-                        and op.type not in MOVES and out.dtype.is_floating):
-                    part = part_of(op.name)
-                    by_part[part] = by_part.get(part, 0) + (n or 0)
+            if (op.outputs and not op.op_def.is_stateful
+                    and not any(t.name in used for t in op.outputs)):
+                continue  # dead: Grappler prunes it (e.g. unused zeros)
+            function = _compiled_function(op)
+            if function:  # one fusion: its outputs, nothing inside
+                count(op, "XlaFusion", op.outputs, function + op.name)
+                continue
+            if op.outputs:
+                count(op, op.type, op.outputs[:1], op.name)
             for attr in ("f", "then_branch", "else_branch", "body", "cond"):
                 try:
                     fn = op.get_attr(attr)
@@ -105,6 +140,34 @@ def op_table(graph, by_part=None) -> list:
     visit(graph)
     return sorted(((t, d, c, n) for (t, d), (c, n) in rows.items()),
                   key=lambda r: -r[3])
+
+
+def update_kernels(model, name: str) -> tuple:
+    """(ops of the update traced op by op, fusions and other kernels in
+    XLA's optimized HLO of the same update on this machine)."""
+    import tensorflow as tf
+    from tfscale.optim import OptimConfig, make_optimizer
+    variables = model.trainable_variables
+    optimizer = make_optimizer(OptimConfig(optimizer=name), 256, variables)
+    optimizer.build(variables)
+    grads = [tf.zeros_like(v) for v in variables]
+
+    def update(grads):
+        optimizer.apply(grads, variables)
+        return optimizer.iterations
+
+    plain = tf.function(update).get_concrete_function(grads).graph
+    ops = sum(row[2] for row in op_table(plain)
+              if row[0] not in MOVES and row[0] not in ("NoOp", "Placeholder"))
+    hlo = tf.function(update, jit_compile=True).experimental_get_compiler_ir(
+        grads)(stage="optimized_hlo")
+    entry = hlo[hlo.index("ENTRY"):]
+    kernels = [line for line in entry.splitlines()[1:]
+               if " = " in line and not any(
+                   f" {kind}(" in line for kind in (
+                       "parameter", "constant", "tuple", "get-tuple-element",
+                       "bitcast", "copy"))]
+    return ops, len(kernels)
 
 
 def main():
@@ -120,6 +183,14 @@ def main():
     config = BertConfig.from_json_file(args.bert_config_file)
     model = bert.make_pretrainer(config, args.max_seq_length,
                                  args.max_predictions_per_seq)
+    if args.update:
+        ops, kernels = update_kernels(model, args.update)
+        print(f"{args.update} update of {len(model.trainable_variables)} "
+              f"variables: {ops} ops traced op by op (each a kernel without "
+              f"XLA); XLA's optimized HLO on this machine: {kernels} "
+              "instructions in its entry computation (fusions and the "
+              "rest)")
+        return
     metrics = bert.pretraining_metrics()
     loss_fn = unreduced(bert.pretraining_loss)
     variables = model.trainable_variables

@@ -6,15 +6,21 @@ summed by kernel and by TensorFlow op, per device, with no TensorBoard.
 
 Reads the newest `.xplane.pb` under the folder (the TensorBoard callback
 writes it under `<output_dir>/.../plugins/profile/<run>/`). For each GPU
-plane: the total of its events' durations, the TOP kernels by time, and the
-same time grouped by the TensorFlow op each kernel ran for (the `tf_op`
-stat: `name:type`, grouped by type), each with its share. On a machine with
-no GPU it sums the host's TensorFlow op events instead ("/host:CPU").
+plane: the total of its events' durations, the TOP kernels by time (summed
+by their full names: templated Eigen kernels differ only past the first
+hundred characters, so a cut name would merge many kernels into one row;
+the table prints at most WIDTH characters of each), the same time grouped
+by the TensorFlow op type each kernel ran for (the `tf_op` stat:
+`name:type`), and grouped by (op type, dtype), the dtype read from the
+kernel's name (`bfloat16`, `float` ... in its template arguments or its
+`_GPU_DT_...` suffix), each with its share. On a machine with no GPU it
+sums the host's TensorFlow op events instead ("/host:CPU").
 """
 
 import collections
 import glob
 import os
+import re
 import sys
 
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
@@ -28,24 +34,58 @@ def newest_profile(folder: str) -> str:
     return max(files, key=os.path.getmtime)
 
 
+WIDTH = 150
+
+# Element types as kernel names spell them, the more specific first.
+_DTYPES = (("bfloat16", "bf16"), ("BFLOAT16", "bf16"), ("bf16", "bf16"),
+           ("BF16", "bf16"), ("Eigen::half", "f16"), ("__half", "f16"),
+           ("HALF", "f16"), ("f16", "f16"), ("fp16", "f16"),
+           ("DOUBLE", "f64"), ("double", "f64"), ("f64", "f64"),
+           ("FLOAT", "f32"), ("float", "f32"), ("f32", "f32"),
+           ("int", "int"), ("bool", "bool"))
+
+
+def kernel_dtype(name: str) -> str:
+    """The element type a kernel's name says, or '?'."""
+    for spelled, dtype in _DTYPES:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(spelled)}(?![A-Za-z0-9])",
+                     name):
+            return dtype
+    return "?"
+
+
 def plane_times(plane):
-    """(total ms, Counter of kernel -> ms, Counter of op type -> ms)."""
+    """(total ms, Counter of full kernel name -> ms, Counter of op type ->
+    ms, Counter of (op type, dtype) -> ms)."""
     names = {k: v.name for k, v in plane.event_metadata.items()}
     stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
     kernels, ops = collections.Counter(), collections.Counter()
+    typed = collections.Counter()
     total = 0.0
     for line in plane.lines:
         for event in line.events:
             ms = event.duration_ps / 1e9
-            kernels[names.get(event.metadata_id, "?")[:90]] += ms
+            name = names.get(event.metadata_id, "?")
+            kernels[name] += ms
             total += ms
             for stat in event.stats:
                 if stat_names.get(stat.metadata_id) == "tf_op":
                     op = stat.str_value or plane.stat_metadata[
                         stat.ref_value].name
-                    ops[op.split(":")[-1]] += ms
+                    op_type = op.split(":")[-1]
+                    ops[op_type] += ms
+                    typed[(op_type, kernel_dtype(name))] += ms
                     break
-    return total, kernels, ops
+    return total, kernels, ops, typed
+
+
+def _rows(counter, total, top):
+    for name, ms in counter.most_common(top):
+        if isinstance(name, tuple):
+            name = " ".join(name)
+        elif len(name) > WIDTH:
+            name = name[:WIDTH - 3] + "..."
+        print(f"  {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}%  {name}")
 
 
 def main(argv=None):
@@ -62,15 +102,15 @@ def main(argv=None):
         planes = [p for p in space.planes if p.name == "/host:CPU"]
     print(path)
     for plane in planes:
-        total, kernels, ops = plane_times(plane)
-        print(f"== {plane.name}: {total:.1f} ms of events")
-        for name, ms in kernels.most_common(top):
-            print(f"  {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}%  {name}")
+        total, kernels, ops, typed = plane_times(plane)
+        print(f"== {plane.name}: {total:.1f} ms of events, "
+              f"{len(kernels)} distinct kernels")
+        _rows(kernels, total, top)
         if ops:
             print("  -- by TensorFlow op type:")
-            for name, ms in ops.most_common(top):
-                print(f"  {ms:9.2f} ms {100 * ms / max(total, 1e-9):5.1f}%  "
-                      f"{name}")
+            _rows(ops, total, top)
+            print("  -- by TensorFlow op type and the kernel's dtype:")
+            _rows(typed, total, top)
 
 
 if __name__ == "__main__":

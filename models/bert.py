@@ -4,15 +4,20 @@ Inputs are Google's record features (`input_ids`, `input_mask`,
 `segment_ids`, `masked_lm_positions`); outputs are float32 logits
 `{"mlm_logits": [B, P, V], "nsp_logits": [B, 2]}`. `BertPretrainer.encoder`
 is a `BertEncoder` (embeddings, transformer layers, pooler) that can be saved
-and loaded on its own for fine-tuning. Mixed-precision safe:
-layers compute in the policy's dtype, while attention softmax, the output
-logits and the losses are float32. Variable paths contain `layer_norm` and
-`bias` where BERT's recipe excludes them from weight decay.
+and loaded on its own for fine-tuning. Mixed-precision safe: layers compute
+in the policy's dtype, attention included (1/sqrt(head size) folded into the
+query projection, mask and softmax in the compute dtype, as NVIDIA's BERT
+does); layer norm statistics, the output logits and the losses are float32.
+GELU, layer norm and the bias gradients are `models/elementwise.py`'s (one
+XLA fusion each way, float32-accumulated bias gradients). Variable paths
+contain `layer_norm` and `bias` where BERT's recipe excludes them from
+weight decay.
 """
 
 import keras
 from keras import layers, ops
 
+from models import elementwise
 from models.bert_config import BertConfig
 
 
@@ -24,7 +29,44 @@ def gelu_tanh(x):
     """Google BERT's `gelu` (`modeling.gelu`): the tanh approximation,
     0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Keras's default `gelu`
     is the exact erf form, which a Google checkpoint was not trained with."""
-    return keras.activations.gelu(x, approximate=True)
+    return elementwise.gelu_tanh(x)
+
+
+class Dense(layers.Dense):
+    """Keras's `Dense` (same variables) whose bias gradient accumulates in
+    float32 (`elementwise.bias_add`); `output_scale` multiplies the output,
+    folded into the kernel and bias (exact for a power of two)."""
+
+    def __init__(self, units, output_scale=None, **kwargs):
+        super().__init__(units, **kwargs)
+        self.output_scale = output_scale
+
+    def get_config(self):
+        return {**super().get_config(), "output_scale": self.output_scale}
+
+    def call(self, inputs, training=None):
+        kernel, bias = self.kernel, self.bias
+        if self.output_scale is not None:
+            kernel = kernel * self.output_scale
+            bias = bias * self.output_scale
+        x = ops.matmul(inputs, ops.cast(kernel, self.compute_dtype))
+        x = elementwise.bias_add(x, ops.cast(bias, self.compute_dtype))
+        return self.activation(x)
+
+
+class LayerNorm(layers.LayerNormalization):
+    """Keras's `LayerNormalization` over the last axis (same variables),
+    float32 statistics, one fusion each way (`elementwise.layer_norm`)."""
+
+    def __init__(self, epsilon=1e-12, **kwargs):
+        super().__init__(epsilon=epsilon, **kwargs)
+
+    def call(self, inputs):
+        outputs = elementwise.layer_norm(
+            ops.cast(inputs, self.compute_dtype),
+            ops.convert_to_tensor(self.gamma),
+            ops.convert_to_tensor(self.beta), self.epsilon)
+        return outputs
 
 
 def _activation(name):
@@ -33,8 +75,23 @@ def _activation(name):
             "relu": keras.activations.relu, "tanh": keras.activations.tanh}[name]
 
 
+class Dropout(layers.Dropout):
+    """Keras's `Dropout` (the same seed generator, one draw per call) as
+    one fusion each way (`elementwise.dropout`)."""
+
+    def call(self, inputs, training=False):
+        if not training or self.rate == 0:
+            return inputs
+        seed = ops.cast(ops.mod(self.seed_generator.next(), 2 ** 31 - 2),
+                        "int32")
+        return elementwise.dropout(inputs, self.rate, seed)
+
+
 class SelfAttention(layers.Layer):
-    """Multi-head self-attention with a float32 softmax."""
+    """Multi-head self-attention in the compute dtype: the query comes out
+    of its projection already scaled by 1/sqrt(head size), and the mask
+    bias and softmax take the scores as they are (TensorFlow's GPU softmax
+    accumulates a bfloat16 or float16 row in float32)."""
 
     def __init__(self, config: BertConfig, **kwargs):
         super().__init__(**kwargs)
@@ -42,12 +99,13 @@ class SelfAttention(layers.Layer):
         self.head_size = config.hidden_size // config.num_attention_heads
         init = _init(config)
         hidden = config.hidden_size
-        self.query = layers.Dense(hidden, kernel_initializer=init, name="query")
-        self.key = layers.Dense(hidden, kernel_initializer=init, name="key")
-        self.value = layers.Dense(hidden, kernel_initializer=init, name="value")
-        self.output_dense = layers.Dense(hidden, kernel_initializer=init,
-                                         name="output")
-        self.dropout = layers.Dropout(config.attention_probs_dropout_prob)
+        self.query = Dense(hidden, kernel_initializer=init, name="query",
+                           output_scale=self.head_size ** -0.5)
+        self.key = Dense(hidden, kernel_initializer=init, name="key")
+        self.value = Dense(hidden, kernel_initializer=init, name="value")
+        self.output_dense = Dense(hidden, kernel_initializer=init,
+                                  name="output")
+        self.dropout = Dropout(config.attention_probs_dropout_prob)
 
     def _heads(self, x):
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
@@ -59,11 +117,9 @@ class SelfAttention(layers.Layer):
         k = self._heads(self.key(x))
         v = self._heads(self.value(x))
         scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2)))
-        scores = ops.cast(scores, "float32") / (self.head_size ** 0.5)
-        # Keras autocasts float inputs to the compute dtype; the softmax is
-        # float32.
-        probs = ops.softmax(scores + ops.cast(mask_bias, "float32"), axis=-1)
-        probs = self.dropout(ops.cast(probs, v.dtype), training=training)
+        probs = ops.softmax(scores + ops.cast(mask_bias, scores.dtype),
+                            axis=-1)
+        probs = self.dropout(probs, training=training)
         context = ops.transpose(ops.matmul(probs, v), (0, 2, 1, 3))
         batch, length = ops.shape(context)[0], ops.shape(context)[1]
         context = ops.reshape(context, (batch, length,
@@ -78,17 +134,15 @@ class TransformerLayer(layers.Layer):
         super().__init__(**kwargs)
         init = _init(config)
         self.attention = SelfAttention(config, name="attention")
-        self.attention_dropout = layers.Dropout(config.hidden_dropout_prob)
-        self.attention_layer_norm = layers.LayerNormalization(
-            epsilon=1e-12, name="attention_layer_norm")
-        self.intermediate = layers.Dense(
+        self.attention_dropout = Dropout(config.hidden_dropout_prob)
+        self.attention_layer_norm = LayerNorm(name="attention_layer_norm")
+        self.intermediate = Dense(
             config.intermediate_size, activation=_activation(config.hidden_act),
             kernel_initializer=init, name="intermediate")
-        self.output_dense = layers.Dense(config.hidden_size,
-                                         kernel_initializer=init, name="output")
-        self.output_dropout = layers.Dropout(config.hidden_dropout_prob)
-        self.output_layer_norm = layers.LayerNormalization(
-            epsilon=1e-12, name="output_layer_norm")
+        self.output_dense = Dense(config.hidden_size, kernel_initializer=init,
+                                  name="output")
+        self.output_dropout = Dropout(config.hidden_dropout_prob)
+        self.output_layer_norm = LayerNorm(name="output_layer_norm")
 
     def call(self, x, mask_bias, training=False):
         attended = self.attention(x, mask_bias, training=training)
@@ -134,14 +188,13 @@ class BertEncoder(keras.Model):
         self.type_embeddings = layers.Embedding(
             config.type_vocab_size, hidden, embeddings_initializer=init,
             name="type_embeddings")
-        self.embedding_layer_norm = layers.LayerNormalization(
-            epsilon=1e-12, name="embedding_layer_norm")
-        self.embedding_dropout = layers.Dropout(config.hidden_dropout_prob)
+        self.embedding_layer_norm = LayerNorm(name="embedding_layer_norm")
+        self.embedding_dropout = Dropout(config.hidden_dropout_prob)
         for i in range(config.num_hidden_layers):
             setattr(self, f"layer_{i}",
                     TransformerLayer(config, name=f"layer_{i}"))
-        self.pooler = layers.Dense(hidden, activation="tanh",
-                                   kernel_initializer=init, name="pooler")
+        self.pooler = Dense(hidden, activation="tanh",
+                            kernel_initializer=init, name="pooler")
 
     @property
     def transformer_layers(self) -> list:
@@ -157,7 +210,7 @@ class BertEncoder(keras.Model):
              self.type_embeddings(inputs["segment_ids"]))
         x = self.embedding_dropout(self.embedding_layer_norm(x),
                                    training=training)
-        # Padding gets a large negative bias before the float32 softmax.
+        # Padding gets a large negative bias before the softmax.
         mask = ops.cast(inputs["input_mask"], "float32")
         mask_bias = (1.0 - mask[:, None, None, :]) * -10000.0
         for layer in self.transformer_layers:
@@ -173,13 +226,12 @@ class BertPretrainer(keras.Model):
         self.config = config
         init = _init(config)
         self.encoder = BertEncoder(config, name="encoder")
-        self.mlm_transform = layers.Dense(
+        self.mlm_transform = Dense(
             config.hidden_size, activation=_activation(config.hidden_act),
             kernel_initializer=init, name="mlm_transform")
-        self.mlm_layer_norm = layers.LayerNormalization(
-            epsilon=1e-12, name="mlm_layer_norm")
-        self.nsp = layers.Dense(2, kernel_initializer=init, name="nsp",
-                                dtype="float32")
+        self.mlm_layer_norm = LayerNorm(name="mlm_layer_norm")
+        self.nsp = Dense(2, kernel_initializer=init, name="nsp",
+                         dtype="float32")
 
     def build(self, input_shape=None):
         # Output bias of the MLM head (its weights are the word embeddings).
@@ -247,16 +299,15 @@ def pretraining_loss(labels, outputs):
 
 
 class MaskedLMAccuracy(keras.metrics.Mean):
-    """Accuracy over real (weight 1) masked positions."""
+    """Accuracy over real (weight 1) masked positions (the argmax in one
+    fusion with no [B, P, V] output: `elementwise.prediction_stats`)."""
 
     def __init__(self, name="mlm_accuracy", **kwargs):
         super().__init__(name=name, **kwargs)
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        predicted = ops.argmax(y_pred["mlm_logits"], axis=-1)
-        correct = ops.cast(ops.equal(ops.cast(predicted, "int32"),
-                                     ops.cast(y_true["masked_lm_ids"], "int32")),
-                           "float32")
+        _, correct = elementwise.prediction_stats(y_pred["mlm_logits"],
+                                                  y_true["masked_lm_ids"])
         return super().update_state(correct,
                                     sample_weight=y_true["masked_lm_weights"])
 
@@ -274,15 +325,17 @@ class NextSentenceAccuracy(keras.metrics.Mean):
 
 
 class MaskedLMLoss(keras.metrics.Mean):
-    """The masked-LM part of the loss alone (to watch it fall)."""
+    """The masked-LM part of the loss alone (to watch it fall): the same
+    cross-entropy as the loss's, as one fusion that writes a value per
+    position (`elementwise.prediction_stats`)."""
 
     def __init__(self, name="mlm_loss", **kwargs):
         super().__init__(name=name, **kwargs)
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         weights = ops.cast(y_true["masked_lm_weights"], "float32")
-        mlm = keras.losses.sparse_categorical_crossentropy(
-            y_true["masked_lm_ids"], y_pred["mlm_logits"], from_logits=True)
+        mlm, _ = elementwise.prediction_stats(y_pred["mlm_logits"],
+                                              y_true["masked_lm_ids"])
         return super().update_state(mlm, sample_weight=weights)
 
 

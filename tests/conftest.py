@@ -10,8 +10,8 @@ Every test starts from the same global random state, whatever ran before it:
 an autouse fixture sets Keras's, TensorFlow's, NumPy's and Python's global
 seeds (`keras.utils.set_random_seed`, which also drops Keras's global
 SeedGenerator) before each test. `--global-seed=K` starts every test from
-seed K instead of 0; tests whose outcome depends on the seed must pass at
-any K (`make test-seeds` runs the noise-scale and AdaScale tests at 20).
+seed K instead of 1234; tests whose outcome depends on the seed must pass
+at any K (`make test-seeds` runs the noise-scale and AdaScale tests at 20).
 """
 
 import os
@@ -25,7 +25,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-DEFAULT_GLOBAL_SEED = 0
+# Not 0: at a global seed of 0, TensorFlow 2.21's `random_seed.get_seed`
+# compares (0, op seed) with (0, 0), which raises for an op seed that is a
+# tensor (the tf.data service's "parallel_epochs" pipelines shuffle with
+# one): open, docs/data-service.md.
+DEFAULT_GLOBAL_SEED = 1234
 
 
 def pytest_addoption(parser):

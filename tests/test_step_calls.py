@@ -172,11 +172,32 @@ def test_resume_with_several_steps_per_call_ends_where_it_would(tmp_path):
 @pytest.mark.parametrize("optimizer_fn", [
     lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
     lambda: Lamb(0.01, weight_decay_rate=0.01)], ids=["adamw", "lamb"])
+def test_the_compiled_update_matches_the_plain_one(optimizer_fn):
+    """Without --xla the update and the work after the all-reduce are
+    XLA-compiled (one replica per worker): the same weights as
+    TensorFlow's op-by-op update, to float32 rounding, with clipping."""
+    results = []
+    for compiled in (False, True):
+        trainer = train(TrainConfig(global_batch_size=16, verbose=0,
+                                    compile_update=compiled,
+                                    clip_global_norm=0.5,
+                                    steps_per_execution=3),
+                        optimizer_fn, devices=["/cpu:0"], steps=6)
+        assert trainer._train_step.jit_update == compiled
+        results.append(weights(trainer.model))
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("optimizer_fn", [
+    lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
+    lambda: Lamb(0.01, weight_decay_rate=0.01)], ids=["adamw", "lamb"])
 def test_the_xla_update_matches_the_plain_one(optimizer_fn):
     results = []
     for jit in (False, True):
         trainer = train(TrainConfig(global_batch_size=16, jit_compile=jit,
-                                    verbose=0, steps_per_execution=3),
+                                    compile_update=jit, verbose=0,
+                                    steps_per_execution=3),
                         optimizer_fn, devices=["/cpu:0"], steps=6)
         assert trainer._train_step.jit_update == jit
         results.append(weights(trainer.model))

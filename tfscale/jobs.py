@@ -34,6 +34,7 @@ from tfscale import checkpointing
 from tfscale import cluster as cluster_lib
 from tfscale import strategies
 from tfscale import collectives
+from tfscale import xla_flags
 from tfscale import noise_scale
 from tfscale import precision as precision_lib
 from tfscale.cluster import ClusterConfig
@@ -217,6 +218,10 @@ def run(task: Task) -> dict:
     """
     config = task.config
     task.check_files()
+    # Before XLA's first compilation in this process (it reads XLA_FLAGS
+    # once, then).
+    xla = (xla_flags.apply(config.train.xla_gemm, config.output_dir)
+           if config.train.jit_compile else None)
     info, strategy = start_worker(
         config.cluster, output_dir=config.output_dir,
         precision=config.train.precision, seed=config.seed,
@@ -233,7 +238,7 @@ def run(task: Task) -> dict:
         cluster=config.cluster, train=config.train)
     speaks = info.is_chief and config.train.verbose > 0
     if speaks:
-        print(run_summary(task, info, trainer, built), flush=True)
+        print(run_summary(task, info, trainer, built, xla), flush=True)
 
     start = time.perf_counter()
     initial = _initial_weights(task, trainer, built.model)
@@ -412,9 +417,11 @@ def run_results(trainer: Trainer, info, backend: str, wall_seconds: float,
             "adascale": trainer.adascale_summary()}
 
 
-def run_summary(task: Task, info, trainer: Trainer, built: Built) -> str:
-    """The lines the chief prints before training: workers, numerics, the
-    task's model and data, the optimizer."""
+def run_summary(task: Task, info, trainer: Trainer, built: Built,
+                xla: Optional[xla_flags.XlaSetup] = None) -> str:
+    """The lines the chief prints before training: workers, numerics (with
+    the XLA flags composed, `xla`), the task's model and data, the
+    optimizer."""
     optim = task.config.optim
     if built.optimizer is not None:
         optimizer = (f"optimizer {type(built.optimizer).__name__} (the "
@@ -430,6 +437,7 @@ def run_summary(task: Task, info, trainer: Trainer, built: Built) -> str:
     return "\n".join([
         task.title, workers_line(info, trainer),
         numerics_line(trainer.config, task.config.cluster),
+        *([f"  XLA on a GPU: {xla.description}"] if xla else []),
         *("  " + line for line in task.describe(built.model)),
         "  " + optimizer])
 

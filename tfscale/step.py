@@ -8,9 +8,10 @@ One optimizer step is three parts:
     sync     one all-reduce of [loss and flags, *gradients] across all
              replicas (through the backend's `collectives.py` object), then
              loss-scale removal, a finite check and global-norm clipping
-             (XLA-compiled when asked: no collective in it).
+             (XLA-compiled unless `compile_update` is off: no collective and
+             no matmul in it).
     apply    the optimizer update with the reduced gradients: all variables
-             in one XLA-compiled function when asked and the worker holds one
+             in one XLA-compiled function where the worker holds one
              replica (XLA compiles no collective on CPU, and Keras's update
              under a strategy of several local replicas is a `merge_call`
              that XLA cannot hold); the plain per-variable update otherwise.
@@ -157,10 +158,12 @@ class TrainStep:
             if self.measures_noise and noise.mode == "preconditioned"
             else None)
         jit = config.jit_compile
-        self.jit_update = jit and len(strategy.extended.worker_devices) == 1
+        compiled = jit or config.compile_update  # no matmul in them
+        self.jit_update = (compiled
+                           and len(strategy.extended.worker_devices) == 1)
         self._micro_batch = tf.function(self._micro_batch_fn, jit_compile=jit)
         self._after_reduce = tf.function(self._after_reduce_fn,
-                                         jit_compile=jit)
+                                         jit_compile=compiled)
         self._update = tf.function(self._update_fn,
                                    jit_compile=self.jit_update)
         self.execute = tf.function(self._execute)

@@ -17,6 +17,16 @@ class TrainConfig:
             accumulation micro-batches.
         num_accumulation_steps: Micro-batches per optimizer step.
         jit_compile: XLA-compile the per-replica forward/backward.
+        compile_update: XLA-compile, also without `jit_compile`, what
+            holds no matmul: the work after the all-reduce (loss-scale
+            removal, the finite check, the noise scale's norms, clipping)
+            and, where the worker holds one replica, the optimizer update
+            of all variables (one kernel launch instead of several per
+            variable). False: TensorFlow's op-by-op kernels (for
+            comparison).
+        xla_gemm: With `jit_compile` on a GPU, where XLA sends GEMMs:
+            "cublas" (the default) or "triton" (`tfscale/xla_flags.py`;
+            `jobs.run` composes XLA_FLAGS from it).
         clip_global_norm: Clip reduced gradients to this global norm.
         precision: "float32" (the default: whatever the model's policy is),
             "mixed_bfloat16" or "mixed_float16": must then be the dtype
@@ -46,6 +56,8 @@ class TrainConfig:
     global_batch_size: int
     num_accumulation_steps: int = 1
     jit_compile: bool = False
+    xla_gemm: str = "cublas"
+    compile_update: bool = True
     clip_global_norm: Optional[float] = None
     precision: str = "float32"
     checkpoint_dir: Optional[str] = None
@@ -64,6 +76,9 @@ class TrainConfig:
         if self.num_accumulation_steps < 1:
             raise ValueError("num_accumulation_steps must be >= 1, got "
                              f"{self.num_accumulation_steps}")
+        if self.xla_gemm not in ("cublas", "triton"):
+            raise ValueError("xla_gemm must be 'cublas' or 'triton', got "
+                             f"{self.xla_gemm!r}")
         if self.precision not in precision_lib.PRECISIONS:
             raise ValueError(f"precision must be one of "
                              f"{precision_lib.PRECISIONS}, got {self.precision!r}")

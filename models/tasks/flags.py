@@ -52,6 +52,10 @@ JOB_FLAG_TABLE = (
      ("float32", "mixed_bfloat16", "mixed_float16")),
     ("numerics", "bool", "xla", "XLA-compile the forward/backward pass.",
      None),
+    ("numerics", "enum", "xla_gemm", "With --xla on a GPU, XLA's GEMMs on "
+     "cuBLAS (--xla_gpu_enable_triton_gemm=false) or on Triton (XLA's own "
+     "autotuning); autotuning cached in --output_dir/xla_autotune. A flag "
+     "set in XLA_FLAGS wins.", ("cublas", "triton")),
     ("numerics", "bool", "deterministic", "Deterministic ops and input "
      "order.", None),
     ("run", "bool", "do_train", "Train (else evaluate the latest checkpoint "
@@ -185,7 +189,7 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
     return TrainConfig(
         global_batch_size=values.train_batch_size,
         num_accumulation_steps=values.num_accumulation_steps,
-        jit_compile=values.xla,
+        jit_compile=values.xla, xla_gemm=values.xla_gemm,
         clip_global_norm=values.clip_global_norm or None,
         precision=precision,
         checkpoint_dir=os.path.join(values.output_dir, "checkpoints"),

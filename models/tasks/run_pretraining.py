@@ -73,6 +73,7 @@ define_job_flags(
                   lr_scaling="none", reference_batch_size=0,
                   optimizer="lamb", weight_decay=0.01, clip_global_norm=1.0,
                   seed=12345, precision="float32", xla=False,
+                  xla_gemm="cublas",
                   deterministic=False, do_train=True, eval_batch_size=32,
                   max_eval_steps=100, output_dir=None,
                   save_checkpoints_steps=1000),

@@ -1,0 +1,96 @@
+"""--xla's XLA_FLAGS (tfscale/xla_flags.py): GEMMs on cuBLAS by default, an
+autotune cache under the output folder, the user's own flags kept; and on
+the real path, the flags XLA ran with in a worker (its dumped
+`debug_options`)."""
+
+import shlex
+import sys
+
+import pytest
+
+from tests.conftest import run_command
+from tests.test_pretraining import corpus, pretrain_args  # noqa: F401
+from tfscale import xla_flags
+
+
+def test_cublas_by_default_with_a_cache():
+    setup = xla_flags.compose("", "cublas", "/runs/x/xla_autotune")
+    assert setup.flags == ("--xla_gpu_enable_triton_gemm=false "
+                           "--xla_gpu_per_fusion_autotune_cache_dir="
+                           "/runs/x/xla_autotune")
+    assert setup.description == ("GEMMs on cuBLAS, autotune cache "
+                                 "/runs/x/xla_autotune")
+
+
+def test_triton_is_xlas_own_choice():
+    setup = xla_flags.compose("", "triton", None)
+    assert setup.flags == "--xla_gpu_enable_triton_gemm=true"
+    assert setup.description == "GEMMs on Triton (XLA's autotuning)"
+
+
+def test_the_users_flags_win_and_stay():
+    user = ("--xla_dump_to=/tmp/d --xla_gpu_enable_triton_gemm=true "
+            "--xla_gpu_per_fusion_autotune_cache_dir=/mine")
+    setup = xla_flags.compose(user, "cublas", "/runs/x/xla_autotune")
+    assert setup.flags == user
+    assert setup.description == ("GEMMs as XLA_FLAGS says "
+                                 "(--xla_gpu_enable_triton_gemm=true), "
+                                 "autotune cache /mine")
+    # Only the flag the user set is theirs; the other is added.
+    setup = xla_flags.compose("--xla_gpu_enable_triton_gemm=true", "cublas",
+                              "/c")
+    assert setup.flags == ("--xla_gpu_enable_triton_gemm=true "
+                           "--xla_gpu_per_fusion_autotune_cache_dir=/c")
+
+
+def test_apply_sets_the_environment_and_makes_the_cache(tmp_path):
+    environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/d"}
+    setup = xla_flags.apply("cublas", str(tmp_path / "run"), environ)
+    cache = tmp_path / "run" / "xla_autotune"
+    assert environ["XLA_FLAGS"] == (
+        "--xla_dump_to=/tmp/d --xla_gpu_enable_triton_gemm=false "
+        f"--xla_gpu_per_fusion_autotune_cache_dir={cache}")
+    assert cache.is_dir() and setup.flags == environ["XLA_FLAGS"]
+    remote = {}
+    xla_flags.apply("cublas", "gs://bucket/run", remote)
+    assert remote["XLA_FLAGS"] == "--xla_gpu_enable_triton_gemm=false"
+    with pytest.raises(ValueError, match="xla_gemm"):
+        xla_flags.compose("", "cudnn", None)
+
+
+@pytest.mark.slow
+def test_every_worker_compiles_with_the_composed_flags(corpus, tmp_path):  # noqa: F811
+    """2 workers through launch.local with --xla, each dumping XLA's record
+    of the options it compiled with (`debug_options`, under the user's
+    --xla_dump_to, one folder per worker): the cuBLAS choice and the cache
+    folder in both; a user's --xla_gpu_enable_triton_gemm wins in both, and
+    the banner says which. (The dump lists the options that differ from
+    XLA's defaults: Triton GEMMs on is the default.)"""
+    cublas = "xla_gpu_enable_triton_gemm: false"
+    for name, user, triton, banner in (
+            ("default", "", False,
+             "XLA on a GPU: GEMMs on cuBLAS, autotune cache"),
+            ("user", "--xla_gpu_enable_triton_gemm=true", True,
+             "XLA on a GPU: GEMMs as XLA_FLAGS says "
+             "(--xla_gpu_enable_triton_gemm=true)")):
+        out, dump = tmp_path / name, tmp_path / f"dump-{name}"
+        worker = " ".join(shlex.quote(a) for a in [
+            sys.executable, "run_pretraining.py",
+            *pretrain_args(corpus, out, 2, "--xla", "--num_warmup_steps=1")])
+        code, output = run_command(
+            [sys.executable, "-m", "launch.local", "--num_workers", "2",
+             "--threads_per_worker", "1", "--", "sh", "-c",
+             f'XLA_FLAGS="--xla_dump_to={dump}/$TFSCALE_WORKER_INDEX '
+             f'{user}" exec {worker}'], timeout=400)
+        assert code == 0, output[-5000:]
+        assert banner in output, output[-3000:]
+        cache = out / "xla_autotune"
+        assert cache.is_dir()
+        for index in ("0", "1"):
+            options = list((dump / index).glob("*.debug_options"))
+            assert options, f"worker {index} dumped no debug_options"
+            for path in options:
+                text = path.read_text()
+                assert (cublas not in text) == triton, (path, text)
+                assert (f'xla_gpu_per_fusion_autotune_cache_dir: "{cache}"'
+                        in text), path
