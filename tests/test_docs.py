@@ -48,7 +48,8 @@ def project_flags() -> set:
     return flags | {"help", "helpfull", "helpshort", "flagfile", "verbosity",
                     "noprogress", "noverify", "nodo_train", "bind_all",
                     # XLA's own (XLA_FLAGS).
-                    "xla_gpu_autotune_level", "xla_gpu_enable_triton_gemm"}
+                    "xla_gpu_autotune_level", "xla_gpu_enable_triton_gemm",
+                    "xla_gpu_per_fusion_autotune_cache_dir"}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
