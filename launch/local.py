@@ -301,43 +301,53 @@ def _say(out, message: str):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfscale-launch", description=__doc__.split("\n\n")[0],
-        usage="%(prog)s --num_workers N [options] -- command ...")
-    parser.add_argument("--num_workers", type=int, required=True)
+        usage="%(prog)s --num_workers N [options] -- command ...",
+        epilog="Everything after '--' is the command each worker runs.")
+    parser.add_argument("--num_workers", type=int, required=True,
+                        help="workers (processes) to start on this host "
+                             "(required)")
     parser.add_argument("--backend", choices=["mwms", "mpi"], default="mwms",
                         help="mwms: one process per worker with a TF_CONFIG "
                              "(MultiWorkerMirroredStrategy); mpi: the ranks "
                              "of one mpirun (run the command with "
-                             "--backend=mpi)")
+                             "--backend=mpi) (default: mwms)")
     parser.add_argument("--mpirun", default=None,
                         help="--backend mpi: the mpirun to use (default: "
                              "beside this Python, else on PATH)")
     parser.add_argument("--mpirun_args", default="",
                         help="--backend mpi: extra mpirun options, e.g. "
-                             "\"--mca btl tcp,self\"")
+                             "\"--mca btl tcp,self\" (default: none)")
     parser.add_argument("--port", type=int, default=None,
-                        help="first of N consecutive ports (default: free ports)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--max_restarts", type=int, default=0)
+                        help="first of N consecutive ports (default: free "
+                             "ports)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address every worker's TF_CONFIG names "
+                             "(default: 127.0.0.1)")
+    parser.add_argument("--max_restarts", type=int, default=0,
+                        help="times to start all workers again after one "
+                             "fails; the Trainer resumes from the latest "
+                             "checkpoint (default: 0)")
     parser.add_argument("--threads_per_worker", type=int, default=None,
                         help="TF intra-op threads per worker "
                              "(default: cores / num_workers)")
     parser.add_argument("--grace_seconds", type=float, default=30.0,
                         help="seconds workers get to exit (and save a "
-                             "checkpoint) after a signal before SIGKILL")
+                             "checkpoint) after a signal before SIGKILL "
+                             "(default: 30)")
     parser.add_argument("--failure_grace_seconds", type=float, default=5.0,
                         help="after a worker fails, seconds the others get "
                              "between SIGTERM and SIGKILL (a file being "
-                             "written is finished)")
+                             "written is finished) (default: 5)")
     parser.add_argument("--gpus_per_worker", type=int, default=None,
                         help="GPUs each worker sees (CUDA_VISIBLE_DEVICES: "
                              "worker i gets GPUs i*K..i*K+K-1 of the host); "
-                             "default 1 when the host has GPUs (nvidia-smi "
-                             "-L, or CUDA_VISIBLE_DEVICES when set); 0: none")
+                             "0: none (default: 1 when the host has GPUs, "
+                             "nvidia-smi -L or CUDA_VISIBLE_DEVICES)")
     parser.add_argument("--data_service_workers", type=int, default=0,
                         help="also start a tf.data service with this many "
                              "workers on this host; the training workers "
                              "decode on it (entry points read "
-                             "$TFSCALE_DATA_SERVICE)")
+                             "$TFSCALE_DATA_SERVICE) (default: 0, none)")
     parser.add_argument("--data_service_dir", default=None,
                         help="the service dispatcher's journal (default: "
                              "a temporary directory)")
@@ -347,6 +357,9 @@ def _parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str]):
     parser = _parser()
     argv = list(argv)
+    options = argv[:argv.index("--")] if "--" in argv else argv
+    if "-h" in options or "--help" in options:
+        parser.parse_args(["--help"])  # prints the help, exits 0
     if "--" not in argv:
         parser.error("put the training command after '--'")
     split = argv.index("--")

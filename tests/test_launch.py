@@ -303,3 +303,19 @@ def test_after_a_failure_the_others_get_sigterm_and_time_to_finish_a_write(
     assert code == 3, output
     assert "worker 1 failed (exit code 3)" in output
     assert done.read_text() == "whole"
+
+
+def test_help_explains_every_option_with_its_default():
+    """`--help` exits 0 with or without a command after '--', and every
+    option has a help text that says its default."""
+    for argv in (["--help"], ["-h", "--num_workers", "2"],
+                 ["--help", "--", "python", "x.py"]):
+        proc = subprocess.run([sys.executable, "-m", "launch.local", *argv],
+                              capture_output=True, text=True, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr
+        assert "--num_workers" in proc.stdout
+    for action in local._parser()._actions:
+        if action.dest == "help":
+            continue
+        assert action.help, action.dest
+        assert "default" in action.help or action.required, action.dest

@@ -169,39 +169,41 @@ def test_resume_with_several_steps_per_call_ends_where_it_would(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("optimizer_fn", [
+UPDATES = pytest.mark.parametrize("optimizer_fn", [
     lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
     lambda: Lamb(0.01, weight_decay_rate=0.01)], ids=["adamw", "lamb"])
+
+
+def compiled_against_plain(optimizer_fn, compiled: dict, **config):
+    """Weights after 6 steps on one replica, op by op and with `compiled`
+    (TrainConfig fields), each checked to have compiled its update or not."""
+    results = []
+    for fields in ({key: False for key in compiled}, compiled):
+        trainer = train(TrainConfig(global_batch_size=16, verbose=0,
+                                    steps_per_execution=3, **fields,
+                                    **config),
+                        optimizer_fn, devices=["/cpu:0"], steps=6)
+        assert trainer._train_step.jit_update == any(fields.values())
+        results.append(weights(trainer.model))
+    return results
+
+
+@UPDATES
 def test_the_compiled_update_matches_the_plain_one(optimizer_fn):
     """Without --xla the update and the work after the all-reduce are
     XLA-compiled (one replica per worker): the same weights as
     TensorFlow's op-by-op update, to float32 rounding, with clipping."""
-    results = []
-    for compiled in (False, True):
-        trainer = train(TrainConfig(global_batch_size=16, verbose=0,
-                                    compile_update=compiled,
-                                    clip_global_norm=0.5,
-                                    steps_per_execution=3),
-                        optimizer_fn, devices=["/cpu:0"], steps=6)
-        assert trainer._train_step.jit_update == compiled
-        results.append(weights(trainer.model))
-    for a, b in zip(*results):
+    plain, compiled = compiled_against_plain(
+        optimizer_fn, {"compile_update": True}, clip_global_norm=0.5)
+    for a, b in zip(plain, compiled):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("optimizer_fn", [
-    lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
-    lambda: Lamb(0.01, weight_decay_rate=0.01)], ids=["adamw", "lamb"])
+@UPDATES
 def test_the_xla_update_matches_the_plain_one(optimizer_fn):
-    results = []
-    for jit in (False, True):
-        trainer = train(TrainConfig(global_batch_size=16, jit_compile=jit,
-                                    compile_update=jit, verbose=0,
-                                    steps_per_execution=3),
-                        optimizer_fn, devices=["/cpu:0"], steps=6)
-        assert trainer._train_step.jit_update == jit
-        results.append(weights(trainer.model))
-    for a, b in zip(*results):
+    plain, compiled = compiled_against_plain(
+        optimizer_fn, {"jit_compile": True, "compile_update": True})
+    for a, b in zip(plain, compiled):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 

@@ -161,7 +161,7 @@ def project_flags_help() -> str:
 
 class _ProjectHelp(app.HelpFlag):
     """--help: the program's docstring and `project_flags_help()`, then
-    exit code 1 (as absl's)."""
+    exit code 0 (absl's exits 1: asking for help is no error)."""
 
     def parse(self, arg):
         if self._parse(arg):
@@ -170,7 +170,7 @@ class _ProjectHelp(app.HelpFlag):
             sys.stdout.write(f"{doc}\nflags:\n{project_flags_help()}\n\n"
                              "Try --helpfull to get a list of all flags.\n")
             sys.stdout.flush()
-            sys.exit(1)
+            sys.exit(0)
 
 
 class _ProjectHelpShort(_ProjectHelp):
