@@ -79,8 +79,8 @@ def test_layer_norm_in_bfloat16_keeps_float32_statistics():
 
 def test_bias_gradient_accumulates_in_float32_where_biasaddgrad_does_not():
     """32,768 rows of bf16: TensorFlow's BiasAddGrad (bf16, what Keras's
-    Dense gets) is far off the exact sum on this CPU; ones @ dy rounds
-    once."""
+    Dense gets) is far off the exact sum on this CPU; the fused float32 sum
+    rounds once."""
     rng = np.random.default_rng(3)
     dy = tf.constant(rng.standard_normal((32768, 64)) * 0.01 + 0.003,
                      tf.bfloat16)
