@@ -164,7 +164,7 @@ def test_help_lists_the_flags(command):
         for line in output.splitlines():
             if re.match(r"^\S.*:$", line):
                 heading = line
-            flag = re.match(r"^  (?:-\?,)?--(?:\[no\])?([a-z0-9_]+)", line)
+            flag = re.match(r"^  (?:-[\w?]+,)?--(?:\[no\])?([a-z0-9_]+)", line)
             if flag:
                 where[flag.group(1)] = heading
         return where, output

@@ -51,6 +51,10 @@ def test_google_command_on_two_workers_then_eval_only_reproduces(
         f"--input_file={corpus}/records/train-*.tfrecord")
     _, output = run_workers(2, ["run_pretraining", *command[2:]], timeout=400)
     assert output.count("tfscale run_pretraining done") == 1  # chief only
+    # Google's reading: --train_batch_size is the global batch.
+    assert ("Google semantics: --train_batch_size 32 is the global batch; "
+            "learning rate 2e-05") in output
+    assert "global batch 32 = 16 per replica x 2 x 1 accumulation" in output
     keys, trained = read_eval_results(out / "eval_results.txt")
     assert keys == GOOGLE_KEYS
     assert trained["global_step"] == 20
@@ -150,7 +154,7 @@ def test_nvidia_tf1_command_line_runs(corpus, tmp_path):  # noqa: F811
          f"--input_files_dir={corpus}/records",
          f"--eval_files_dir={corpus}/records", f"--output_dir={out}",
          f"--bert_config_file={corpus}/bert_config.json", "--do_train=True",
-         "--do_eval=True", "--train_batch_size=32", "--eval_batch_size=32",
+         "--do_eval=True", "--train_batch_size=8", "--eval_batch_size=32",
          "--max_seq_length=32", "--max_predictions_per_seq=5",
          "--num_train_epochs=2", "--num_steps_per_epoch=3",
          "--num_warmup_steps=2", "--num_accumulation_steps=2",
@@ -161,5 +165,10 @@ def test_nvidia_tf1_command_line_runs(corpus, tmp_path):  # noqa: F811
     assert code == 0, output[-5000:]
     assert "precision mixed_float16, XLA on, all-reduce MPI.Allreduce" in output
     assert "workers 2 (mpi)" in output
+    # NVIDIA's reading: 8 per rank x 2 ranks x 2 micro-steps, rate x 2.
+    assert ("NVIDIA semantics: --train_batch_size 8 per rank x 2 ranks x 2 "
+            "accumulation = global batch 32; learning rate 0.001 x 2 ranks "
+            "= 0.002") in output
+    assert "global batch 32 = 8 per replica x 2 x 2 accumulation" in output
     keys, results = read_eval_results(out / "eval_results.txt")
     assert keys == GOOGLE_KEYS and results["global_step"] == 6

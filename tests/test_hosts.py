@@ -3,8 +3,8 @@ their own addresses, hostnames and sshd (`tests/hosts/local_hosts.sh`),
 which Open MPI, ssh and gRPC see as separate nodes.
 
   - MPI (tfscale-run -np 4 -H node1:2,node2:2): ranks start on both hosts;
-    Horovod's Keras example runs; the flagship with NVIDIA's `--horovod`
-    gets SIGTERM through the launcher,
+    Horovod's Keras example runs; the flagship (`--backend=mpi`: Google's
+    command line, its global batch) gets SIGTERM through the launcher,
     every rank on every host saves the agreed checkpoint and the job exits
     143; the rerun resumes there; a rank killed with -9 on node2 is named.
   - MultiWorkerMirroredStrategy from a TF_CONFIG naming node1 and node2 (as
@@ -94,7 +94,7 @@ def test_mpi_ranks_on_two_hosts_preempt_resume_and_a_dead_rank_is_named(
     out = tmp_path / "run"
     flagship = tfscale_run(
         "node1:2,node2:2", 4, sys.executable, "run_pretraining.py",
-        *pretrain_args(corpus, out, 400, "--horovod", "--deterministic",
+        *pretrain_args(corpus, out, 400, "--backend=mpi", "--deterministic",
                        "--save_checkpoints_steps=1000"))
     log = tmp_path / "first.log"
     with open(log, "w") as f:

@@ -74,6 +74,8 @@ class JobConfig:
         profile_steps: (first, last) steps to profile into TensorBoard.
         seed: Seed of weights, dropout, shuffling and augmentation.
         deterministic: Deterministic ops and input order.
+        notes: Lines the entry point adds to the start banner (how it read
+            its command line).
 
     Raises:
         ValueError: "<field> ..." (entry points turn the field into its
@@ -90,6 +92,7 @@ class JobConfig:
     profile_steps: Optional[Tuple[int, int]] = None
     seed: int = 12345
     deterministic: bool = False
+    notes: Tuple[str, ...] = ()
 
     @property
     def evaluates(self) -> bool:
@@ -435,7 +438,8 @@ def run_summary(task: Task, info, trainer: Trainer, built: Built,
                      f"{optim.warmup_steps}, scaling {scaling}), "
                      f"{optim.total_steps} steps")
     return "\n".join([
-        task.title, workers_line(info, trainer),
+        task.title, *("  " + note for note in task.config.notes),
+        workers_line(info, trainer),
         numerics_line(trainer.config, task.config.cluster),
         *([f"  XLA on a GPU: {xla.description}"] if xla else []),
         *("  " + line for line in task.describe(built.model)),

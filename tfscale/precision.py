@@ -27,6 +27,10 @@ def needs_loss_scaling(precision: str) -> bool:
     return precision == "mixed_float16"
 
 
+# fp16's first loss scale unless a TrainConfig says otherwise.
+INITIAL_LOSS_SCALE = 2.0**15
+
+
 class DynamicLossScale(tf.Module):
     """Dynamic loss scaling as in Micikevicius et al. (2018).
 
@@ -40,7 +44,8 @@ class DynamicLossScale(tf.Module):
     model and restored on resume.
     """
 
-    def __init__(self, initial_scale: float = 2.0**15, growth_steps: int = 2000,
+    def __init__(self, initial_scale: float = INITIAL_LOSS_SCALE,
+                 growth_steps: int = 2000,
                  min_scale: float = 1.0):
         super().__init__(name="dynamic_loss_scale")
         if initial_scale < 1 or growth_steps < 1:

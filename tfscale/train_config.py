@@ -32,6 +32,11 @@ class TrainConfig:
             "mixed_bfloat16" or "mixed_float16": must then be the dtype
             policy the model was built with (`precision.set_precision`
             before building). Loss scaling follows the model's policy.
+        initial_loss_scale: fp16's first loss scale (None: 2**15).
+        dynamic_loss_scale: The scale halves on non-finite gradients and
+            doubles after 2,000 finite steps; False: it stays at
+            `initial_loss_scale` (a step with non-finite gradients is
+            still skipped).
         checkpoint_dir: Where the chief keeps checkpoints; None: none.
         save_checkpoints_steps: Save every this many steps (0: only at the
             end of `fit`).
@@ -60,6 +65,8 @@ class TrainConfig:
     compile_update: bool = True
     clip_global_norm: Optional[float] = None
     precision: str = "float32"
+    initial_loss_scale: Optional[float] = None
+    dynamic_loss_scale: bool = True
     checkpoint_dir: Optional[str] = None
     save_checkpoints_steps: int = 0
     max_checkpoints_to_keep: int = 5
@@ -82,6 +89,10 @@ class TrainConfig:
         if self.precision not in precision_lib.PRECISIONS:
             raise ValueError(f"precision must be one of "
                              f"{precision_lib.PRECISIONS}, got {self.precision!r}")
+        if self.initial_loss_scale is not None and not (
+                self.initial_loss_scale >= 1):
+            raise ValueError("initial_loss_scale must be >= 1, got "
+                             f"{self.initial_loss_scale}")
         if self.save_checkpoints_steps < 0:
             raise ValueError("save_checkpoints_steps must be >= 0, got "
                              f"{self.save_checkpoints_steps}")

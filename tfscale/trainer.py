@@ -66,7 +66,7 @@ def _check_fits(model, config: TrainConfig, replicas: int) -> None:
             "tfscale.precision.set_precision before building the model")
 
 
-def _unwrap_and_scale(model, optimizer, strategy):
+def _unwrap_and_scale(model, optimizer, strategy, config: TrainConfig):
     """(the optimizer the Trainer updates with, built; fp16's loss scale or
     None). A keras.optimizers.LossScaleOptimizer (what `compile` makes under
     a mixed_float16 policy) gives its inner optimizer: the Trainer scales
@@ -78,8 +78,18 @@ def _unwrap_and_scale(model, optimizer, strategy):
     optimizer = inner if inner is not None else optimizer
     with strategy.scope():
         optimizer.build(model.trainable_variables)
-        loss_scale = precision_lib.DynamicLossScale() if scaled else None
+        loss_scale = _loss_scale(config) if scaled else None
     return optimizer, loss_scale
+
+
+def _loss_scale(config: TrainConfig):
+    """fp16's loss scale as `config` sets it (a fixed scale: one that
+    neither grows nor falls)."""
+    initial = config.initial_loss_scale or precision_lib.INITIAL_LOSS_SCALE
+    if config.dynamic_loss_scale:
+        return precision_lib.DynamicLossScale(initial_scale=initial)
+    return precision_lib.DynamicLossScale(
+        initial_scale=initial, growth_steps=2**62, min_scale=initial)
 
 
 class Trainer:
@@ -125,7 +135,7 @@ class Trainer:
         divisor = self.collectives.num_replicas * config.num_accumulation_steps
         _check_fits(model, config, self.collectives.num_replicas)
         optimizer, self.loss_scale = _unwrap_and_scale(model, optimizer,
-                                                       strategy)
+                                                       strategy, config)
         self.model = model
         self.optimizer = optimizer
         self.strategy = strategy

@@ -144,6 +144,17 @@ def data_service_from_flags(flags_values, output_dir: str,
         connect_timeout_seconds=connect_timeout)
 
 
+def define_log_interval(flags, default: int, **kwargs) -> None:
+    """--iterations_per_loop (Google's name) and its alias --log_steps: the
+    log interval and the most steps one call of the compiled step runs."""
+    flags.DEFINE_integer("iterations_per_loop", default,
+                         "Steps per host loop: the steps one call of the "
+                         "compiled step runs (the host reads the device once "
+                         "per call) and the loss/throughput log interval.",
+                         **kwargs)
+    flags.DEFINE_alias("log_steps", "iterations_per_loop", **kwargs)
+
+
 def define_cluster_flags(flags, **kwargs) -> None:
     """How the workers join and sum gradients."""
     flags.DEFINE_enum(
@@ -183,11 +194,12 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
     scale); `more`: fields of the entry point's own flags. The host loop is
     the log interval: up to `log_steps` steps per call of the compiled step
     (Google's `iterations_per_loop`), so the host reads the device once per
-    interval."""
+    interval. `more` may give `global_batch_size` when the entry point
+    reads --train_batch_size otherwise (NVIDIA's batch per rank)."""
     from tfscale.cli import noise_scale_from_flags
     from tfscale.train_config import TrainConfig
+    more.setdefault("global_batch_size", values.train_batch_size)
     return TrainConfig(
-        global_batch_size=values.train_batch_size,
         num_accumulation_steps=values.num_accumulation_steps,
         jit_compile=values.xla, xla_gemm=values.xla_gemm,
         clip_global_norm=values.clip_global_norm or None,

@@ -25,7 +25,7 @@ from input_pipelines.bert_records import BertRecordSpec, IdLimits
 from models import bert, bert_checkpoints, bert_export
 from models.bert_config import BertConfig
 from models.tasks.records import RecordsJobConfig, RecordsTask
-from tfscale import checkpointing, jobs
+from tfscale import checkpointing, dllogger, jobs
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,6 +40,14 @@ class PretrainingConfig(RecordsJobConfig):
         init_checkpoint: Initial weights when `output_dir` holds no
             checkpoint yet: Google's TF1 `bert_model.ckpt` or a tfscale
             checkpoint (prefix or directory).
+        dllog_path: DLLogger's JSON-lines log, written by the chief
+            (NVIDIA's --dllog_path); None: none.
+        list_variables: The start banner lists every trainable variable
+            (NVIDIA's --verbose_logging).
+        pretrained_prefix: Where the chief also writes the trained model
+            at the end, with Google's names (NVIDIA's sub-model export,
+            `<model_dir>/pretrained/bert_model.ckpt-1`, which its phase-2
+            command reads as --init_checkpoint); None: not written.
     """
 
     model: BertConfig
@@ -47,6 +55,9 @@ class PretrainingConfig(RecordsJobConfig):
     spec: BertRecordSpec
     init_checkpoint: Optional[str] = None
     max_eval_steps: Optional[int] = 100
+    dllog_path: Optional[str] = None
+    list_variables: bool = False
+    pretrained_prefix: Optional[str] = None
 
     @property
     def num_train_steps(self) -> int:
@@ -115,11 +126,17 @@ class Pretraining(RecordsTask):
 
     def describe(self, model) -> List[str]:
         config = self.config
+        variables = ([f"  {v.path} {list(v.shape)}"
+                      for v in model.trainable_variables]
+                     if config.list_variables else [])
         return [f"model {config.model_name}: "
                 f"{config.model.num_hidden_layers} layers, hidden "
                 f"{config.model.hidden_size}, vocab {config.model.vocab_size}, "
                 f"{jobs.millions_of_parameters(model):.2f}M parameters",
-                *super().describe(model)[1:]]
+                *variables, *super().describe(model)[1:]]
+
+    def callbacks(self, trainer) -> list:
+        return dllogger.make(self.config.dllog_path, trainer)
 
     def finish(self, results: dict, model) -> None:
         """Google's eval_results.txt and the encoder's export."""
@@ -129,6 +146,11 @@ class Pretraining(RecordsTask):
         if self.config.do_train:
             results["export"] = bert_export.export(
                 model, os.path.join(output_dir, "export"))
+            if self.config.pretrained_prefix:
+                tf.io.gfile.makedirs(
+                    os.path.dirname(self.config.pretrained_prefix))
+                results["pretrained"] = bert_checkpoints.save_google_checkpoint(
+                    model, self.config.pretrained_prefix)
 
 
 def load_initial_weights(model, path: str) -> str:

@@ -20,9 +20,11 @@ import os
 from absl import flags
 
 from models.tasks import flags as flags_lib
+from models.tasks import nvidia_flags
 from models.tasks.flags import (cluster_from_flags, data_service_from_flags,
                                 define_cluster_flags,
                                 define_data_service_flags, define_job_flags,
+                                define_log_interval,
                                 train_from_flags, train_records_from_flags)
 from tfscale import cli
 from tfscale.cli import define_noise_scale_flags
@@ -88,10 +90,7 @@ flags.DEFINE_bool("do_eval", False,
                   "Evaluate at the end, on --eval_input_file or else on "
                   "--input_file, and write eval_results.txt in --output_dir.",
                   **RUN)
-flags.DEFINE_integer("iterations_per_loop", 100,
-                     "Steps per host loop: the steps one call of the "
-                     "compiled step runs (the host reads the device once per "
-                     "call) and the loss/throughput log interval.", **RUN)
+define_log_interval(flags, 100, **RUN)
 flags.DEFINE_string("profile_steps", None, "Profile steps 'first,last' into "
                     "TensorBoard (the calls of the compiled step that run "
                     "them, whole: up to --iterations_per_loop steps each; "
@@ -111,75 +110,69 @@ flags.DEFINE_string("gcp_project", None, "Ignored.", **TPU)
 flags.DEFINE_string("master", None, "Ignored.", **TPU)
 flags.DEFINE_integer("num_tpu_cores", 8, "Ignored.", **TPU)
 
-NVIDIA = _concern(7, "NVIDIA DeepLearningExamples names")
-flags.DEFINE_bool("use_fp16", False, "Same as --precision=mixed_float16.",
-                  **NVIDIA)
-flags.DEFINE_enum("optimizer_type", None, ["lamb", "adam", "adamw", "sgd"],
-                  "Same as --optimizer (adam: AdamW, BERT's "
-                  "AdamWeightDecay).", **NVIDIA)
-flags.DEFINE_bool("amp", False, "NVIDIA TF1: same as --use_fp16.", **NVIDIA)
-flags.DEFINE_string("input_files_dir", None, "NVIDIA TF1: a directory of "
-                    "training records (read as DIR/*).", **NVIDIA)
-flags.DEFINE_string("eval_files_dir", None, "NVIDIA TF1: a directory of "
-                    "evaluation records (read as DIR/*).", **NVIDIA)
-flags.DEFINE_integer("num_train_epochs", None, "NVIDIA TF2: with "
-                     "--num_steps_per_epoch, sets --num_train_steps to "
-                     "their product.", **NVIDIA)
-flags.DEFINE_integer("num_steps_per_epoch", None, "NVIDIA TF2: see "
-                     "--num_train_epochs.", **NVIDIA)
-flags.DEFINE_bool("horovod", False, "NVIDIA TF1: Horovod's data parallelism "
-                  "over MPI; implies --backend=mpi unless --backend is given "
-                  "(start with mpirun, launch.local --backend mpi or srun "
-                  "--mpi=pmix).", **NVIDIA)
-flags.DEFINE_bool("use_horovod", False, "NVIDIA TF2: same as --horovod.",
-                  **NVIDIA)
-for _name, _meaning in (
-        ("allreduce_post_accumulation", "tfscale always all-reduces once, "
-         "after accumulation"),
-        ("manual_fp16", "tfscale's fp16 is Keras's mixed_float16 policy"),
-        ("report_loss", "the loss is logged every --iterations_per_loop")):
-    flags.DEFINE_bool(_name, False, f"NVIDIA: accepted; {_meaning}.",
-                      **NVIDIA)
-for _alias, _original in (("log_steps", "iterations_per_loop"),
-                          ("steps_per_loop", "iterations_per_loop"),
-                          ("enable_xla", "xla"), ("use_xla", "xla"),
-                          ("input_files", "input_file"),
-                          ("warmup_steps", "num_warmup_steps"),
-                          ("model_dir", "output_dir")):
-    flags.DEFINE_alias(_alias, _original, **NVIDIA)
+NVIDIA = _concern(7, "NVIDIA DeepLearningExamples names (TF1 and TF2)")
+nvidia_flags.define_nvidia_flags(flags, **NVIDIA)
+
+
 def fail(message: str):
     """One line on stderr, non-zero exit."""
     flags_lib.fail("run_pretraining", message)
 
 
-def _directory_glob(directory):
-    """NVIDIA's --input_files_dir / --eval_files_dir: every file in it."""
-    return os.path.join(directory, "*") if directory else None
-
-
-def _aliases():
-    """(precision, backend, steps, optimizer) after Google's and NVIDIA's
-    spellings of them (--use_fp16/--amp, --horovod, --num_train_epochs x
-    --num_steps_per_epoch, --optimizer_type)."""
-    precision_name = FLAGS.precision
-    if FLAGS.use_fp16 or FLAGS.amp:
-        if FLAGS.precision not in ("float32", "mixed_float16"):
-            fail(f"--use_fp16/--amp contradicts --precision={FLAGS.precision}")
-        precision_name = "mixed_float16"
-    backend = FLAGS.backend
+def _backend():
+    """--backend, or MPI's for NVIDIA's --horovod/--use_horovod (what their
+    mpirun/horovodrun command lines mean) unless --backend is given."""
     if (FLAGS.horovod or FLAGS.use_horovod) and not FLAGS["backend"].present:
-        backend = "mpi"  # what NVIDIA's mpirun/horovodrun command lines mean
-    num_train_steps = FLAGS.num_train_steps
-    if FLAGS.num_train_epochs or FLAGS.num_steps_per_epoch:
-        if not (FLAGS.num_train_epochs and FLAGS.num_steps_per_epoch):
-            fail("--num_train_epochs and --num_steps_per_epoch go together")
-        num_train_steps = FLAGS.num_train_epochs * FLAGS.num_steps_per_epoch
-    optimizer_name = FLAGS.optimizer
-    if FLAGS.optimizer_type:
-        # NVIDIA's "adam" is BERT's AdamWeightDecay: decoupled decay, AdamW.
-        optimizer_name = {"adam": "adamw"}.get(FLAGS.optimizer_type,
-                                               FLAGS.optimizer_type)
-    return precision_name, backend, num_train_steps, optimizer_name
+        return "mpi"
+    return FLAGS.backend
+
+
+def _ranks(backend: str) -> int:
+    """Worker processes in this job (Horovod's hvd.size()), from the
+    environment the launcher set."""
+    from tfscale import cluster as cluster_lib
+    try:
+        return cluster_lib.resolve_cluster(
+            slurm_port_base=FLAGS.slurm_port_base,
+            backend=backend).num_workers
+    except cluster_lib.ClusterError as e:
+        fail(str(e))
+
+
+def _nvidia(backend: str):
+    """(precision, steps, optimizer, the batch and rate, loss scale, log
+    interval, DLLogger path) after Google's and NVIDIA's spellings and the
+    dialect rule (models/tasks/nvidia_flags.py)."""
+    values = FLAGS
+    refusal = nvidia_flags.refused(values)
+    if refusal:
+        fail(refusal)
+    try:
+        precision = nvidia_flags.precision_name(values, FLAGS.precision)
+        steps = nvidia_flags.train_steps(values, FLAGS.num_train_steps)
+        optimizer = nvidia_flags.optimizer_name(values, FLAGS.optimizer)
+        scale = nvidia_flags.loss_scale(values)
+        dialect = nvidia_flags.dialect_of(values)
+        horovod = FLAGS.horovod or FLAGS.use_horovod
+        reading = nvidia_flags.batch_and_rate(
+            dialect, FLAGS.train_batch_size, FLAGS.num_accumulation_steps,
+            FLAGS.learning_rate, horovod,
+            _ranks(backend) if horovod else 1)
+        nvidia_flags.check_mixed(values, dialect, reading,
+                                 FLAGS.train_batch_size, FLAGS.learning_rate)
+    except nvidia_flags.DialectError as e:
+        fail(str(e))
+    log_steps = FLAGS.iterations_per_loop
+    if FLAGS.display_loss_steps is not None:
+        if (FLAGS["iterations_per_loop"].present
+                and FLAGS.iterations_per_loop != FLAGS.display_loss_steps):
+            fail(f"--display_loss_steps={FLAGS.display_loss_steps} and "
+                 f"--iterations_per_loop={FLAGS.iterations_per_loop} (or "
+                 "--steps_per_loop) disagree on the log interval: give one")
+        log_steps = FLAGS.display_loss_steps
+    dllog = FLAGS.dllog_path or (nvidia_flags.DLLOG_DEFAULT
+                                 if dialect == "nvidia" else None)
+    return precision, steps, optimizer, reading, scale, log_steps, dllog
 
 
 def _model_from_flags(bert_config):
@@ -204,6 +197,27 @@ def _profile_from_flags():
              f"{FLAGS.profile_steps!r}")
 
 
+def _records(record_config):
+    """(the training files, the evaluation `record_config` or None) from
+    Google's and NVIDIA's record flags; exits on missing ones."""
+    input_file = FLAGS.input_file or nvidia_flags.directory_globs(
+        FLAGS.input_files_dir)
+    eval_input_file = (FLAGS.eval_input_file or
+                       nvidia_flags.directory_globs(FLAGS.eval_files_dir))
+    if not input_file:
+        fail("--input_file is required")
+    if not FLAGS.output_dir:
+        fail("--output_dir is required")
+    if FLAGS.use_tpu:
+        fail("--use_tpu=True: TPUs are not supported; tfscale runs on GPUs and "
+             "CPUs (drop --use_tpu and the --tpu_* flags)")
+    if not (FLAGS.do_eval or eval_input_file):
+        return input_file, None
+    # Google's script evaluates on --input_file when there is nothing else.
+    return input_file, record_config(eval_input_file or input_file,
+                                     training=False)
+
+
 def config_from_flags():
     """FLAGS -> a frozen, validated `PretrainingConfig` (the only FLAGS
     reader). Exits with one line naming the flag on a bad value."""
@@ -213,24 +227,13 @@ def config_from_flags():
     from models.tasks.pretraining import PretrainingConfig
     from tfscale.optim import OptimConfig
 
-    input_file = FLAGS.input_file or _directory_glob(FLAGS.input_files_dir)
-    eval_input_file = (FLAGS.eval_input_file or
-                       _directory_glob(FLAGS.eval_files_dir))
-    if not input_file:
-        fail("--input_file is required")
-    if not FLAGS.output_dir:
-        fail("--output_dir is required")
-    if FLAGS.use_tpu:
-        fail("--use_tpu=True: TPUs are not supported; tfscale runs on GPUs and "
-             "CPUs (drop --use_tpu and the --tpu_* flags)")
-    precision_name, backend, num_train_steps, optimizer_name = _aliases()
+    input_file, eval_records = _records(TFRecordConfig)
+    backend = _backend()
+    (precision_name, num_train_steps, optimizer_name, reading,
+     (initial_loss_scale, dynamic_loss_scale), log_steps,
+     dllog_path) = _nvidia(backend)
     model = _model_from_flags(bert_config)
     profile = _profile_from_flags()
-    eval_records = None
-    if FLAGS.do_eval or eval_input_file:
-        # Google's script evaluates on --input_file when there is nothing else.
-        eval_records = TFRecordConfig(eval_input_file or input_file,
-                                      training=False)
     try:
         order, data_service = data_service_from_flags(
             FLAGS, FLAGS.output_dir, FLAGS.connect_timeout)
@@ -242,15 +245,18 @@ def config_from_flags():
             train_records=train_records_from_flags(
                 FLAGS, input_file, order, data_service),
             optim=OptimConfig(
-                optimizer=optimizer_name, learning_rate=FLAGS.learning_rate,
+                optimizer=optimizer_name, learning_rate=reading.learning_rate,
                 schedule=FLAGS.lr_schedule,
                 warmup_steps=FLAGS.num_warmup_steps,
                 total_steps=num_train_steps,
                 weight_decay=FLAGS.weight_decay, scaling_rule=FLAGS.lr_scaling,
                 reference_batch_size=FLAGS.reference_batch_size),
             cluster=cluster_from_flags(FLAGS, backend),
-            train=train_from_flags(FLAGS, precision=precision_name,
-                                   log_steps=FLAGS.iterations_per_loop),
+            train=train_from_flags(
+                FLAGS, precision=precision_name, log_steps=log_steps,
+                global_batch_size=reading.global_batch_size,
+                initial_loss_scale=initial_loss_scale,
+                dynamic_loss_scale=dynamic_loss_scale),
             output_dir=FLAGS.output_dir,
             do_train=FLAGS.do_train,
             eval_records=eval_records,
@@ -259,7 +265,13 @@ def config_from_flags():
             init_checkpoint=FLAGS.init_checkpoint,
             profile_steps=profile,
             seed=FLAGS.seed,
-            deterministic=FLAGS.deterministic)
+            deterministic=FLAGS.deterministic,
+            notes=(reading.line,),
+            dllog_path=dllog_path,
+            pretrained_prefix=(os.path.join(FLAGS.output_dir,
+                                            nvidia_flags.PRETRAINED_PREFIX)
+                               if reading.dialect == "nvidia" else None),
+            list_variables=FLAGS.verbose_logging)
     except ValueError as e:
         flags_lib.fail_on_config("run_pretraining", e, FLAGS)
 

@@ -23,7 +23,8 @@ from models.tasks import flags as flags_lib
 from models.tasks.flags import (cluster_from_flags, data_service_from_flags,
                                 define_cluster_flags,
                                 define_data_service_flags, define_job_flags,
-                                train_from_flags, train_records_from_flags)
+                                define_log_interval, train_from_flags,
+                                train_records_from_flags)
 from tfscale import cli
 from tfscale.cli import define_noise_scale_flags
 
@@ -67,9 +68,7 @@ flags.DEFINE_float("momentum", 0.9, "SGD momentum.")
 flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing.")
 define_cluster_flags(flags)
 
-flags.DEFINE_integer("log_steps", 100, "Loss/throughput log interval, and "
-                     "the most steps one call of the compiled step runs (the "
-                     "host reads the device once per call).")
+define_log_interval(flags, 100)
 flags.DEFINE_integer("timed_steps_per_log", 4, "Steps per log interval run "
                      "part by part to measure the time split (0: none; "
                      "saves tracing the step a second time).")
@@ -116,7 +115,8 @@ def config_from_flags():
                 reference_batch_size=FLAGS.reference_batch_size),
             cluster=cluster_from_flags(FLAGS, FLAGS.backend),
             train=train_from_flags(
-                FLAGS, precision=FLAGS.precision, log_steps=FLAGS.log_steps,
+                FLAGS, precision=FLAGS.precision,
+                log_steps=FLAGS.iterations_per_loop,
                 timed_steps_per_log=FLAGS.timed_steps_per_log),
             output_dir=FLAGS.output_dir,
             label_smoothing=FLAGS.label_smoothing,

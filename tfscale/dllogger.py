@@ -1,0 +1,110 @@
+"""DLLogger's JSON-lines log, as NVIDIA's BERT scripts write it, from the
+Trainer's log intervals (what NVIDIA's log parsers read).
+
+Each line is `DLLL {json}`: first one METADATA line per metric (unit,
+format, goal), then per log interval a LOG line with the step and the
+interval's throughput and loss, and at the end of training a LOG line with
+an empty step holding the run's throughput and final loss (NVIDIA's
+summary line). The format is that of NVIDIA's `dllogger` package
+(`JSONStreamBackend`), written here without it (it is not on PyPI).
+"""
+
+import datetime
+import json
+import os
+from typing import Optional
+
+import keras
+
+# metric -> DLLogger metadata, as NVIDIA's dllogger_class declares them.
+METADATA = {
+    "avg_loss_step": {"format": ":.4f", "GOAL": "MINIMIZE", "STAGE": "TRAIN"},
+    "total_loss": {"format": ":.4f", "GOAL": "MINIMIZE", "STAGE": "TRAIN"},
+    "mlm_loss": {"format": ":.4f", "GOAL": "MINIMIZE", "STAGE": "TRAIN"},
+    "nsp_loss": {"format": ":.4f", "GOAL": "MINIMIZE", "STAGE": "TRAIN"},
+    "throughput_train": {"unit": "seq/s", "format": ":.3f",
+                         "GOAL": "MAXIMIZE", "STAGE": "TRAIN"},
+}
+# Intervals left out of the summary's throughput (compilation, warm-up),
+# as NVIDIA's TF2 loop leaves out its first two loops, when there are more.
+WARMUP_INTERVALS = 2
+
+
+class DLLogger(keras.callbacks.Callback):
+    """Writes `path` on the worker that holds it (the chief): fresh when
+    the run starts at step 0, appended to when it resumes.
+
+    Args:
+        path: The JSON-lines file (NVIDIA's --dllog_path).
+        step: `fn() -> int`, the run's optimizer step (the Trainer's).
+    """
+
+    def __init__(self, path: str, step):
+        super().__init__()
+        self._path, self._step = path, step
+        self._file = None
+        self._start = None
+        self._rates, self._loss = [], None
+
+    def on_train_begin(self, logs=None):
+        directory = os.path.dirname(os.path.abspath(self._path))
+        os.makedirs(directory, exist_ok=True)
+        self._start = datetime.datetime.now()
+        self._file = open(self._path, "a" if self._step() > 0 else "w")
+        for metric, metadata in METADATA.items():
+            self._write(type="METADATA", metric=metric, metadata=metadata)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not logs or "interval_loss" not in logs:
+            return
+        data = {"throughput_train": float(logs["examples_per_second"]),
+                "avg_loss_step": float(logs["interval_loss"]),
+                "learning_rate": float(logs["learning_rate"])}
+        for metric in ("mlm_loss", "nsp_loss"):  # BERT's metrics' names
+            if metric in logs:
+                data[metric] = float(logs[metric])
+        if "loss_scale" in logs:
+            data["loss_scaler"] = int(logs["loss_scale"])
+        self._rates.append(data["throughput_train"])
+        self._loss = data["avg_loss_step"]
+        self._write(type="LOG", step=int(self._step()), data=data)
+
+    def on_train_end(self, logs=None):
+        if self._file is None:
+            return
+        rates = self._rates
+        if len(rates) > WARMUP_INTERVALS:
+            rates = rates[WARMUP_INTERVALS:]
+        data = {}
+        if rates:
+            data["throughput_train"] = sum(rates) / len(rates)
+        if self._loss is not None:
+            data["total_loss"] = self._loss
+        self._write(type="LOG", step=[], data=data)
+        self._file.close()
+        self._file = None
+
+    def _write(self, **record) -> None:
+        now = datetime.datetime.now()
+        line = {"timestamp": str(now.timestamp()), "datetime": str(now),
+                "elapsedtime": str((now - self._start).total_seconds()),
+                **record}
+        self._file.write(f"DLLL {json.dumps(line)}\n")
+        self._file.flush()
+
+
+def read(path: str) -> list:
+    """The records of a DLLogger file (for tests and tools)."""
+    records = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("DLLL "):
+                records.append(json.loads(line[len("DLLL "):]))
+    return records
+
+
+def make(path: Optional[str], trainer) -> list:
+    """[a `DLLogger` for `trainer`'s chief] when `path` is set, else []."""
+    if not path or not trainer.is_chief:
+        return []
+    return [DLLogger(path, lambda: int(trainer.step.numpy()))]
