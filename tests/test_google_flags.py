@@ -160,7 +160,8 @@ def test_nvidia_tf1_command_line_runs(corpus, tmp_path):  # noqa: F811
          "--num_warmup_steps=2", "--num_accumulation_steps=2",
          "--save_checkpoints_steps=3", "--learning_rate=1e-3",
          "--optimizer_type=lamb", "--horovod", "--amp", "--use_xla",
-         "--allreduce_post_accumulation=True", "--max_eval_steps=2"],
+         "--allreduce_post_accumulation=True", "--max_eval_steps=2",
+         f"--dllog_path={tmp_path}/bert_dllog.json"],
         timeout=300)
     assert code == 0, output[-5000:]
     assert "precision mixed_float16, XLA on, all-reduce MPI.Allreduce" in output
@@ -172,3 +173,4 @@ def test_nvidia_tf1_command_line_runs(corpus, tmp_path):  # noqa: F811
     assert "global batch 32 = 8 per replica x 2 x 2 accumulation" in output
     keys, results = read_eval_results(out / "eval_results.txt")
     assert keys == GOOGLE_KEYS and results["global_step"] == 6
+    assert (tmp_path / "bert_dllog.json").exists()  # TF1's --dllog_path
