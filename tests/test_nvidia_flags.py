@@ -291,3 +291,17 @@ def test_loss_scale_settings_reach_the_trainers_scale():
     for finite in (False, True, True):
         fixed.update(finite)
         assert float(fixed.scale.numpy()) == 128.0
+
+
+def test_mixed_command_line_is_one_error_line_from_the_entry_point(tmp_path):
+    """The real entry point: Google's --input_file beside NVIDIA's
+    --use_horovod with accumulation stops before training, naming both."""
+    code, output = run_command(
+        [sys.executable, "run_pretraining.py", f"--input_file={tmp_path}/x",
+         f"--output_dir={tmp_path}/out", "--use_horovod",
+         "--num_accumulation_steps=2", "--train_batch_size=32"], timeout=120)
+    assert code == 1, output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("run_pretraining: error: --input_file (Google's"), last
+    assert "--use_horovod (NVIDIA's" in last and "32 as 32 or 64" in last
+    assert not (tmp_path / "out").exists()
