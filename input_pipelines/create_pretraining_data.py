@@ -39,6 +39,7 @@ the running tasks are stopped and every temporary file is removed.
 """
 
 import dataclasses
+import glob
 import hashlib
 import os
 import shutil
@@ -48,6 +49,7 @@ import time
 from absl import app, flags, logging
 
 from input_pipelines import bert_instances as bi
+from input_pipelines import output_claim
 from input_pipelines.prepare import buckets, engine
 
 FLAGS = flags.FLAGS
@@ -161,6 +163,7 @@ class Layout:
     workdir: str
     kept: set
     input_bytes: int
+    digest: str
 
 
 def plan_output(config: WriterConfig) -> Layout:
@@ -194,8 +197,15 @@ def plan_output(config: WriterConfig) -> Layout:
              "another --output_file")
     kept = plan.keep()
     workdir = os.path.join(folder, f".{stem}.buckets-{plan.digest[:16]}")
+    # Other plans' bucket folders (runs killed before they ended): this
+    # run holds the output's claim, so no one writes them.
+    for stale in glob.glob(os.path.join(glob.escape(folder),
+                                        f".{glob.escape(stem)}.buckets-*")):
+        if stale != workdir:
+            shutil.rmtree(stale, ignore_errors=True)
     os.makedirs(workdir, exist_ok=True)
-    return Layout(names, workdir, kept, sum(size for _, size, _ in stats))
+    return Layout(names, workdir, kept, sum(size for _, size, _ in stats),
+                  plan.digest)
 
 
 def write_shards(config: WriterConfig, layout: Layout, ids) -> tuple:
@@ -238,13 +248,17 @@ def write_shards(config: WriterConfig, layout: Layout, ids) -> tuple:
                       for g in todo],
                 describe=lambda t: os.path.basename(t.name), unit="document",
                 show_progress=config.progress)
-    except (OSError, ValueError, engine.TaskError) as e:
-        fail(str(e))
-    finally:
-        # No attempt runs now (after an error the engine stops the running
-        # tasks and waits for them): what they left half-written goes.
-        leftovers += shard_writer.remove_leftovers(layout.names)
-        leftovers += buckets.remove_leftovers(layout.workdir)
+    except BaseException as e:
+        # After an error the engine stops the running tasks and waits for
+        # them; unless some still run, what they left half-written goes.
+        if not engine.still_running(e):
+            shard_writer.remove_leftovers(layout.names)
+            buckets.remove_leftovers(layout.workdir)
+        if isinstance(e, (OSError, ValueError, engine.TaskError)):
+            fail(str(e))
+        raise
+    leftovers += shard_writer.remove_leftovers(layout.names)
+    leftovers += buckets.remove_leftovers(layout.workdir)
     return results, leftovers
 
 
@@ -253,14 +267,22 @@ def main(argv):
     from tfscale.cli import quiet_tensorflow
     quiet_tensorflow(FLAGS.verbosity)
     config = config_from_flags()
-    vocab = load_or_learn_vocab(config)
-    ids = bi.SpecialIds(vocab.index("[CLS]"), vocab.index("[SEP]"),
-                        vocab.index("[MASK]"), len(vocab))
-    layout = plan_output(config)
-    start = time.monotonic()
-    results, leftovers = write_shards(config, layout, ids)
-    shutil.rmtree(layout.workdir, ignore_errors=True)
-    seconds = time.monotonic() - start
+    folder, stem = os.path.split(os.path.abspath(config.output_file))
+    try:
+        with output_claim.claim(folder, os.path.splitext(stem)[0],
+                                "create_pretraining_data") as held:
+            vocab = load_or_learn_vocab(config)
+            ids = bi.SpecialIds(vocab.index("[CLS]"), vocab.index("[SEP]"),
+                                vocab.index("[MASK]"), len(vocab))
+            layout = plan_output(config)
+            if held:
+                held.note_plan(layout.digest)
+            start = time.monotonic()
+            results, leftovers = write_shards(config, layout, ids)
+            shutil.rmtree(layout.workdir, ignore_errors=True)
+            seconds = time.monotonic() - start
+    except output_claim.ClaimError as e:
+        fail(str(e))
     made = sum(r[0] for r in results)
     instances = sum(r[1] for r in results)
     notes = (f"; kept {len(layout.kept)} complete shards of an earlier run"

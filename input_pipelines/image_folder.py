@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from input_pipelines import images, record_checks, shard_writer
+from input_pipelines import images, output_claim, record_checks, shard_writer
 from input_pipelines.prepare import engine
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
@@ -270,13 +270,25 @@ def build(config: WriterConfig, show_progress: bool = False) -> WriteResult:
     """Writes the shards and labels.txt.
 
     A rerun with the same images and settings (the same digest in
-    `.NAME.manifest.json`) keeps the shards an earlier run completed and
-    writes only the missing ones: the same bytes as an uninterrupted run.
+    `.NAME.manifest.json`; it covers every image's path, label, size and
+    mtime) keeps the shards an earlier run completed and writes only the
+    missing ones: the same bytes as an uninterrupted run. The output is
+    claimed first (`output_claim`): a second writer of it refuses.
 
     Args:
         config: What to write.
         show_progress: A progress bar (images, rate, ETA) on stderr.
     """
+    tf.io.gfile.makedirs(config.output_dir)
+    if "://" in config.output_dir:  # no locks there: one writer is yours
+        return _build(config, show_progress, None)
+    with output_claim.claim(config.output_dir, config.name,
+                            "build_image_records") as held:
+        return _build(config, show_progress, held)
+
+
+def _build(config: WriterConfig, show_progress: bool,
+           held: Optional[output_claim.Held]) -> WriteResult:
     start = time.monotonic()
     found, classes = find_images(config.image_dir, config.labels_file,
                                  config.image_labels_file)
@@ -306,13 +318,17 @@ def build(config: WriterConfig, show_progress: bool = False) -> WriteResult:
             {k: v for k, v in metadata.items() if k in synsets},
             {k: tuple(v) for k, v in boxes.items() if k in files},
             config.label_offset, config.jpeg_quality))
+    # The images by path, label, size and modification time: an image
+    # redone in place between a killed run and its rerun is another plan.
     plan = shard_writer.Plan(
         os.path.join(config.output_dir, f".{config.name}.manifest.json"),
         names, shard_writer.Plan.digest_of([
-            [os.path.basename(t.name), t.items, t.label_offset,
-             t.jpeg_quality, sorted(t.texts.items()),
+            [os.path.basename(t.name), t.items, _stats(t.items),
+             t.label_offset, t.jpeg_quality, sorted(t.texts.items()),
              sorted((k, [list(b) for b in v]) for k, v in t.boxes.items())]
             for t in tasks]))
+    if held:
+        held.note_plan(plan.digest)
     kept = plan.keep()
     todo = [tasks[i] for i in range(shards) if i not in kept]
     kept_images = sum(len(tasks[i].items) for i in kept)
@@ -326,14 +342,28 @@ def build(config: WriterConfig, show_progress: bool = False) -> WriteResult:
             work_per_process=IMAGES_PER_PROCESS,
             describe=lambda t: os.path.basename(t.name),
             show_progress=show_progress, unit="image", initial=kept_images))
-    finally:
-        # No attempt runs now (the engine waits for them after an error):
-        # what they left half-written goes.
-        leftovers += shard_writer.remove_leftovers(names)
+    except BaseException as e:
+        # The engine stops the running tasks after an error and waits for
+        # them; unless some still run, what they left half-written goes.
+        if not engine.still_running(e):
+            shard_writer.remove_leftovers(names)
+        raise
+    leftovers += shard_writer.remove_leftovers(names)
     with tf.io.gfile.GFile(labels_txt, "w") as f:
         f.write("".join(f"{name}\n" for name in classes))
     return WriteResult(names, written, kept_images, len(kept),
                        time.monotonic() - start, leftovers)
+
+
+def _stats(items) -> list:
+    """(size, mtime_ns) of each image: what changes when it is redone."""
+    stats = []
+    for path, _ in items:
+        info = os.stat(path) if "://" not in path else None
+        stats.append([info.st_size, info.st_mtime_ns] if info else
+                     [tf.io.gfile.stat(path).length,
+                      tf.io.gfile.stat(path).mtime_nsec])
+    return stats
 
 
 def write_records(config: WriterConfig) -> List[str]:

@@ -4,7 +4,8 @@ elsewhere (Google's, NVIDIA's, TF-slim's, tensorflow-datasets').
     python -m input_pipelines.index_records 'gs_copy/wiki/tf_examples.tfrecord*'
 
 For each file, the byte offset of every record goes to
-`.tfscale-index/NAME.npy` beside it (8 bytes per record). The project's
+`.tfscale-index/NAME.index.npz` beside it (8 bytes per record, with the
+file's stamp: inode, size, mtime, ctime). The project's
 writers do this themselves, and a training run indexes files that lack a
 fresh index on first use; this command does it ahead of time, once, with a
 progress bar, and (unless --noverify) reads every record once through

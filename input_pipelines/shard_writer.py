@@ -17,6 +17,7 @@ import glob
 import hashlib
 import json
 import os
+import sys
 import uuid
 from typing import Callable, Iterable, Sequence, Set
 
@@ -76,25 +77,39 @@ class Plan:
             digest.update(b"\0")
         return digest.hexdigest()
 
-    def keep(self) -> Set[int]:
+    def keep(self, say: Callable[[str], None] = lambda line: print(
+            line, file=sys.stderr)) -> Set[int]:
         """The shards an earlier run of this plan completed. Shards of
         another plan (an earlier run with other settings, or with no
-        manifest to say which) are removed first, with their indexes: a run
-        killed mid-way and rerun never mixes two plans' shards. Then records
-        this plan."""
-        same = False
+        manifest to say which) are removed first, with their indexes, and
+        `say` gets one line naming them: a run killed mid-way and rerun
+        never mixes two plans' shards. Then records this plan. Call it
+        holding the output's claim (`output_claim`)."""
+        earlier = None
         if tf.io.gfile.exists(self.manifest):
             with tf.io.gfile.GFile(self.manifest) as f:
                 try:
-                    same = json.load(f).get("digest") == self.digest
+                    earlier = json.load(f).get("digest")
                 except ValueError:
-                    same = False
+                    earlier = "unreadable"
         kept = set()
-        if same:
+        if earlier == self.digest:
             kept = {i for i, n in enumerate(self.names) if complete(n)}
         else:
+            removed = [name for name in self.names
+                       if "://" not in name and os.path.exists(name)]
+            if removed:
+                said = ("no manifest" if earlier is None
+                        else f"plan {str(earlier)[:16]}")
+                whole = sum(complete(name) for name in removed)
+                say(f"removing {len(removed)} shard(s) ({whole} complete) of "
+                    f"an earlier run with other settings ({said}; this run's "
+                    f"plan {self.digest[:16]}): "
+                    + ", ".join(os.path.basename(n) for n in removed[:3])
+                    + (", ..." if len(removed) > 3 else ""))
             for name in self.names:
-                for path in (name, record_index.index_path(name)):
+                for path in (name, record_index.index_path(name),
+                             record_index.fingerprint_path(name)):
                     if "://" not in name and os.path.exists(path):
                         os.remove(path)
         with tf.io.gfile.GFile(self.manifest, "w") as f:
@@ -122,8 +137,13 @@ def remove_leftovers(names: Sequence[str]) -> int:
             continue
         folder, base = os.path.split(name)
         hidden = os.path.join(glob.escape(folder), f".{glob.escape(base)}")
+        # And its index's and fingerprint's (`record_index.write`).
+        index = [glob.escape(record_index.index_path(name)),
+                 glob.escape(record_index.fingerprint_path(name))]
         for leftover in (glob.glob(hidden + ".*.incomplete")
-                         + glob.glob(hidden + ".incomplete")):
+                         + glob.glob(hidden + ".incomplete")
+                         + [p for stem in index
+                            for p in glob.glob(stem + ".*.partial")]):
             os.remove(leftover)
             removed += 1
     return removed

@@ -5,6 +5,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -134,9 +135,10 @@ def test_writer_reads_a_flat_folder_with_one_label_per_image(folder, records,
                    for file, synset in truth.items()}
     assert sorted(os.listdir(out)) == sorted(  # no leftovers
         [os.path.basename(f) for f in files] + [
-            "labels.txt", ".tfscale-index", ".validation.manifest.json"])
+            "labels.txt", ".tfscale-index", ".validation.manifest.json",
+            ".validation.writer.lock"])  # (empty: released)
     assert sorted(os.listdir(os.path.join(out, ".tfscale-index"))) == sorted(
-        os.path.basename(f) + ".npy" for f in files)  # the global order's
+        os.path.basename(f) + ".index.npz" for f in files)  # the global order's
 
     def fails(match, **changes):
         with pytest.raises(image_folder.ImageFolderError, match=match):
@@ -183,7 +185,7 @@ def test_a_rerun_keeps_complete_shards_and_writes_the_same_bytes(
     names = [os.path.basename(n) for n in first.names]
     os.remove(out / names[1])
     os.remove(out / names[3])
-    os.remove(out / ".tfscale-index" / (names[2] + ".npy"))
+    os.remove(out / ".tfscale-index" / (names[2] + ".index.npz"))
     (out / f".{names[1]}.incomplete").write_bytes(b"half a shard")
     again = image_folder.build(dataclasses.replace(crashed, num_processes=2))
     assert again.shards_kept == 1 and again.images_kept > 0
@@ -196,6 +198,32 @@ def test_a_rerun_keeps_complete_shards_and_writes_the_same_bytes(
     other = image_folder.build(dataclasses.replace(crashed, seed=7,
                                                    num_processes=1))
     assert other.shards_kept == 0
+
+
+def test_an_image_redone_in_place_is_another_plan(folder, tmp_path):
+    # A run killed mid-way, one image redone in place (same name), rerun:
+    # the plan covers every image's size and mtime, so nothing of the
+    # first version is kept and every shard holds the new image set.
+    # (Mutation tried: the digest over paths and labels only, as before:
+    # the rerun kept the killed run's shard of the old images.)
+    import shutil
+    images_dir = tmp_path / "images"
+    shutil.copytree(folder, images_dir)
+    config = image_folder.WriterConfig(
+        image_dir=str(images_dir), output_dir=str(tmp_path / "out"),
+        num_shards=2, num_processes=1)
+    first = image_folder.build(config)
+    os.remove(first.names[1])  # killed before its second shard
+    jpegs = sorted(str(p) for p in images_dir.rglob("*.jp*g"))
+    redone = pathlib.Path(jpegs[0])
+    redone.write_bytes(pathlib.Path(jpegs[-1]).read_bytes())
+    again = image_folder.build(config)
+    assert again.shards_kept == 0
+    fresh = image_folder.build(dataclasses.replace(
+        config, output_dir=str(tmp_path / "fresh")))
+    for name, reference in zip(again.names, fresh.names):
+        assert pathlib.Path(name).read_bytes() == pathlib.Path(
+            reference).read_bytes()
 
 
 def context(num, index):

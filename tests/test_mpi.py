@@ -177,6 +177,39 @@ def two_ranks(tmp_path_factory):
     return run(tmp_path_factory, "mpi2", 2, "mpi", "--different_init")
 
 
+@pytest.fixture(scope="module")
+def grpc_in_calls(tmp_path_factory):
+    # gRPC (MWMS), its steps in calls of 2 (the save interval) where MPI's
+    # run part by part, one step a call.
+    return run(tmp_path_factory, "grpc2", 2, "mwms", "--different_init",
+               "--steps_per_execution", "3")
+
+
+def checkpoint_values(files):
+    path = tf.train.latest_checkpoint(str(files / "ckpt"))
+    reader = tf.train.load_checkpoint(path)
+    return path, {k: reader.get_tensor(k)
+                  for k in reader.get_variable_to_shape_map()
+                  if not k.startswith("metrics/")}
+
+
+@pytest.mark.slow
+def test_mpi_and_grpc_end_bit_identical_at_any_steps_per_call(
+        two_ranks, grpc_in_calls):
+    # docs/mpi.md: the same run on both backends ends with every weight,
+    # optimizer slot and RNG state bit-identical, and a run's result does
+    # not depend on how many steps one call runs.
+    (mpi, mpi_files, _), (grpc, grpc_files, _) = two_ranks, grpc_in_calls
+    for a, b in zip(weights(mpi, 0), weights(grpc, 0)):
+        np.testing.assert_array_equal(a, b)
+    (mpi_path, mpi_values), (grpc_path, grpc_values) = (
+        checkpoint_values(mpi_files), checkpoint_values(grpc_files))
+    assert os.path.basename(mpi_path) == os.path.basename(grpc_path)
+    assert sorted(mpi_values) == sorted(grpc_values)
+    for key, value in mpi_values.items():
+        np.testing.assert_array_equal(value, grpc_values[key], err_msg=key)
+
+
 @pytest.mark.slow
 def test_two_ranks_match_one_process(one_process, two_ranks):
     (one, _, _), (two, files, _) = one_process, two_ranks

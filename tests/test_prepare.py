@@ -94,14 +94,21 @@ def open_files(pid):
 
 
 def digests(folder):
-    """{relative path: sha256} of every file, index files included."""
+    """{relative path: sha256} of every file, index files included (their
+    offsets: the stamp beside them names this copy's inode and times)."""
+    import numpy as np
     result = {}
     for root, _, files in os.walk(folder):
         for name in files:
             path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                result[os.path.relpath(path, folder)] = hashlib.sha256(
-                    f.read()).hexdigest()
+            if name.endswith(".index.npz"):
+                with np.load(path) as index:
+                    data = index["offsets"].tobytes()
+            else:
+                with open(path, "rb") as f:
+                    data = f.read()
+            result[os.path.relpath(path, folder)] = hashlib.sha256(
+                data).hexdigest()
     return result
 
 
@@ -217,6 +224,41 @@ def test_two_clients_with_the_same_shard_names_each_run_their_own_tasks(
                 f"{tmp_path / folder}/{name}")
 
 
+def test_a_scheduler_whose_workers_all_died_ends_the_job_in_one_line(
+        dask_cluster, tmp_path, monkeypatch):
+    # Workers without a nanny (the shipped SLURM template's before) that
+    # die for good (OOM): the client waited with 0 workers until the job's
+    # time limit. Now it ends after NO_WORKERS_SECONDS with one line.
+    # (Mutation tried: the wait without the worker count: the job hung.)
+    from input_pipelines.prepare import engine
+    from tests.workers import slow_shard
+    monkeypatch.setattr(engine, "NO_WORKERS_SECONDS", 3.0)
+    monkeypatch.setattr(engine, "WATCH_SECONDS", 0.5)
+    scheduler_file, workers = dask_cluster
+    tasks = [(str(tmp_path), f"s-{i}") for i in range(40)]
+
+    def kill_workers():
+        wait_for(lambda: any(n.startswith("s-") for n in os.listdir(
+            tmp_path)), 60, "a first task")
+        for worker in workers:
+            worker.send_signal(signal.SIGKILL)
+    import threading
+    killer = threading.Thread(target=kill_workers)
+    killer.start()
+    start = time.monotonic()
+    with pytest.raises(engine.TaskError) as error:
+        engine.run(tasks, slow_shard.write, config=engine.EngineConfig(
+            scheduler_file=scheduler_file), work=[1] * len(tasks),
+            work_per_process=1, describe=lambda task: task[1])
+    killer.join()
+    assert time.monotonic() - start < 60
+    message = str(error.value)
+    assert "\n" not in message
+    assert re.match(r"the Dask scheduler has had no worker for 3 s with "
+                    r"\d+ task\(s\) to run: its workers died \(out of "
+                    r"memory\? the workers' memory limit", message), message
+
+
 @pytest.mark.slow
 def test_bert_writer_rerun_after_the_client_died_writes_the_same_bytes(
         dask_cluster, corpus, tmp_path):  # noqa: F811
@@ -245,7 +287,7 @@ def test_bert_writer_rerun_after_the_client_died_writes_the_same_bytes(
              "a first complete shard")
     client.send_signal(signal.SIGKILL)
     client.wait()
-    done_before = len([n for n in os.listdir(index) if n.endswith(".npy")])
+    done_before = len([n for n in os.listdir(index) if n.endswith(".index.npz")])
     code, output = run_command(
         command(out, f"--scheduler_file={scheduler_file}"), timeout=300)
     assert code == 0, output

@@ -63,13 +63,21 @@ def test_records_writer_rerun_keeps_complete_shards_same_bytes(corpus,
     for name in names:  # processes or not: the same bytes
         assert (crashed / name).read_bytes() == (whole / name).read_bytes()
     os.remove(crashed / names[3])
-    os.remove(crashed / ".tfscale-index" / (names[1] + ".npy"))
+    os.remove(crashed / ".tfscale-index" / (names[1] + ".index.npz"))
     (crashed / f".{names[3]}.incomplete").write_bytes(b"half")
+    # An index write killed before its rename (record_index.write).
+    index_partial = (crashed / ".tfscale-index" /
+                     f"{names[1]}.index.npz.{'0' * 32}.partial")
+    index_partial.write_bytes(b"half")
+    # A killed run of other settings left its bucket folder.
+    (crashed / ".train.buckets-0123456789abcdef").mkdir()
     output = write(crashed, "--num_processes=2")
     assert "kept 2 complete shards of an earlier run" in output, output
     for name in names:
         assert (crashed / name).read_bytes() == (whole / name).read_bytes()
     assert not [f for f in os.listdir(crashed) if f.endswith(".incomplete")]
+    assert not index_partial.exists()
+    assert not [f for f in os.listdir(crashed) if ".buckets-" in f]
     # (Another plan keeps nothing: tests/test_images.py.)
 
 

@@ -375,6 +375,14 @@ def learning_rate_schedule(optimizer):
 
 
 @shim
+def op_determinism_enabled() -> bool:
+    """Whether `tf.config.experimental.enable_op_determinism()` was called
+    (TensorFlow 2.21 exports no reader of it)."""
+    from tensorflow.python.framework import config
+    return bool(config.is_op_determinism_enabled())
+
+
+@shim
 def clear_restored_epoch(model) -> None:
     """Forgets the epoch a `BackupAndRestore` callback restored before."""
     model._initial_epoch = None
@@ -420,46 +428,73 @@ def redirect_backup(callback, backup_dir: str) -> None:
 
 @shim
 def atomic_backup(callback) -> None:
-    """Makes a `keras.callbacks.BackupAndRestore` write its backup through
-    files of its own, renamed into place when complete.
+    """Makes a `keras.callbacks.BackupAndRestore` commit its backup at one
+    point, durably.
 
     Keras 3.15's `_save_model` writes `latest.weights.h5` and the training
     metadata in place: a process killed while writing them (a launcher's
     SIGKILL, the OOM killer) leaves a truncated file, and the restart fails
-    in `on_train_begin`. Here the weights and the metadata are written to
-    hidden files beside them and renamed over the old ones (weights first,
-    then metadata, each rename atomic), so a kill at any point leaves the
-    previous backup or the new one.
+    in `on_train_begin`; two renames would leave, killed between them, the
+    newer weights under the older epoch. Here the weights go to a hidden
+    file of their own, then the metadata (epoch, batch and that file's name)
+    is renamed into place: the commit. Last the weights file is renamed
+    over `latest.weights.h5`; a kill before that is finished by the next
+    restore (`_load_model` first moves the file the metadata names into
+    place). Each file is flushed to disk before its rename, and the folder
+    after it (`durable.replace`). So a kill at any point restores the
+    previous backup whole or the new one whole.
     """
     _require_backup_attributes(callback, (
         "_weights_path", "_training_metadata_path", "_current_epoch",
         "_last_batch_seen", "_prev_weights_path",
-        "_prev_training_metadata_path"))
+        "_prev_training_metadata_path", "_load_model"))
     if getattr(callback, "_tfscale_atomic", False):
         return
+    from tfscale import durable
+
+    def hidden(final):
+        # save_weights wants a name ending in .weights.h5.
+        folder, base = os.path.split(final)
+        return os.path.join(folder, f".{uuid.uuid4().hex}.{base}")
 
     def replace(write, final):
-        folder, base = os.path.split(final)
-        # save_weights wants a name ending in .weights.h5.
-        partial = os.path.join(folder, f".{uuid.uuid4().hex}.{base}")
+        partial = hidden(final)
         try:
             write(partial)
-            os.replace(partial, final)
+            durable.replace(partial, final)
         except BaseException:
             if os.path.exists(partial):
                 os.remove(partial)
             raise
 
-    def write_metadata(path):
-        with open(path, "w") as f:
-            json.dump({"epoch": callback._current_epoch,
-                       "batch": callback._last_batch_seen}, f)
+    def settle():
+        """Moves the weights the committed metadata names into place (a
+        save killed after its commit)."""
+        try:
+            with open(callback._training_metadata_path) as f:
+                named = json.load(f).get("tfscale_weights")
+        except (OSError, ValueError):
+            return
+        if not named:
+            return
+        pending = os.path.join(os.path.dirname(callback._weights_path),
+                               named)
+        if not os.path.exists(pending):
+            return  # in place already
+        try:
+            os.replace(pending, callback._weights_path)
+        except FileNotFoundError:
+            return  # in place already (by this worker or another)
+        durable.flush_folder(os.path.dirname(callback._weights_path))
 
     def save_model():
         os.makedirs(callback.backup_dir, exist_ok=True)
+        settle()
         # What an attempt killed mid-write left (hidden, uuid-named).
         for final in (callback._weights_path,
-                      callback._training_metadata_path):
+                      callback._training_metadata_path,
+                      callback._prev_weights_path,
+                      callback._prev_training_metadata_path):
             folder, base = os.path.split(final)
             for left in glob.glob(os.path.join(glob.escape(folder),
                                                f".{'[0-9a-f]' * 32}.{base}")):
@@ -472,9 +507,30 @@ def atomic_backup(callback) -> None:
                 if os.path.exists(latest):
                     replace(lambda p, s=latest: shutil.copyfile(s, p),
                             previous)
-        replace(lambda p: callback.model.save_weights(p, overwrite=True),
-                callback._weights_path)
-        replace(write_metadata, callback._training_metadata_path)
+        weights = hidden(callback._weights_path)
+        try:
+            callback.model.save_weights(weights, overwrite=True)
+            durable.flush_file(weights)
+
+            def write_metadata(path):
+                with open(path, "w") as f:
+                    json.dump({"epoch": callback._current_epoch,
+                               "batch": callback._last_batch_seen,
+                               "tfscale_weights": os.path.basename(weights)},
+                              f)
+            replace(write_metadata, callback._training_metadata_path)
+        except BaseException:
+            if os.path.exists(weights):
+                os.remove(weights)
+            raise
+        settle()
+
+    load_model = callback._load_model
+
+    def settled_load_model():
+        settle()
+        load_model()
 
     callback._save_model = save_model
+    callback._load_model = settled_load_model
     callback._tfscale_atomic = True

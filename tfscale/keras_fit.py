@@ -18,6 +18,8 @@ it were alone. After `tfscale.enable_multi_worker_fit()`, a `fit` under MWMS:
     gradients, the same on every worker (Keras clips each replica's partial
     gradients, fact 8, and a worker whose local gradients overflow would
     skip an all-reduce the others enter);
+  * commits `BackupAndRestore`'s backups atomically and durably
+    (`_compat.atomic_backup`; with one replica too);
   * prints progress on the chief only;
   * makes an uncaught error on one worker end the job at once
     (`fail_fast.py`), instead of leaving its peers in a collective.
@@ -25,7 +27,7 @@ it were alone. After `tfscale.enable_multi_worker_fit()`, a `fit` under MWMS:
 What it cannot make correct fails before training with one line that points
 to `tfscale.Trainer`: Keras's `gradient_accumulation_steps` (its
 accumulate-or-apply `cond` holds the all-reduce). With one replica, `fit` is
-left exactly as Keras has it.
+left as Keras has it but for the atomic backups.
 """
 
 import inspect
@@ -59,6 +61,10 @@ def enable_multi_worker_fit() -> None:
 def _multi_worker_fit(fit, model, *args, **kwargs):
     """Runs Keras's `fit` with the additions above when under MWMS."""
     strategy = model.distribute_strategy
+    arguments = inspect.signature(fit).bind(model, *args, **kwargs).arguments
+    arguments.pop("self", None)
+    # Any replica count: a backup killed mid-write never breaks a restart.
+    callback_files.make_backups_atomic(arguments.get("callbacks") or [])
     if strategy.num_replicas_in_sync == 1:
         return fit(model, *args, **kwargs)
     # Several replicas, on one worker or many: the gradient math.
@@ -70,8 +76,6 @@ def _multi_worker_fit(fit, model, *args, **kwargs):
     # Several workers: failures, files, stopping, output. An uncaught error
     # on this worker ends the job at once (fail_fast.py).
     fail_fast.install(f"worker {worker_index(strategy)}")
-    arguments = inspect.signature(fit).bind(model, *args, **kwargs).arguments
-    arguments.pop("self", None)
     callbacks = list(arguments.get("callbacks") or [])
     worker_dir = None
     if not is_chief:

@@ -42,6 +42,7 @@ from typing import Callable, Sequence
 import keras
 import tensorflow as tf
 
+from tfscale import _compat
 from tfscale import noise_scale as noise_lib
 from tfscale.train_config import TrainConfig
 
@@ -162,6 +163,19 @@ class TrainStep:
         self.jit_update = (compiled
                            and len(strategy.extended.worker_devices) == 1)
         self._micro_batch = tf.function(self._micro_batch_fn, jit_compile=jit)
+        # Compiled under op determinism (--deterministic): TensorFlow's CPU
+        # reductions of a large tensor split their sums by the intra-op
+        # thread count (an embedding's squared norm differs in the last
+        # bits at 1 and 8 threads), XLA's do not; so the noise scale (and
+        # AdaScale's rate) is the same on workers with other thread counts
+        # (a bare mpirun binds a rank to one core). It costs about 5% of a
+        # CPU step (BERT-tiny, 30,522-token vocabulary), so only there.
+        norms = lambda grads, factors: noise_lib.squared_norms(  # noqa: E731
+            grads, self.noise_groups, factors)
+        self._squared_norms = (
+            tf.function(norms, jit_compile=True)
+            if _compat.op_determinism_enabled() and not jit
+            else norms)
         self._after_reduce = tf.function(self._after_reduce_fn,
                                          jit_compile=compiled)
         self._update = tf.function(self._update_fn,
@@ -204,7 +218,7 @@ class TrainStep:
         if self.measures_noise:
             # This micro-batch's squared gradient norm per group, before it
             # joins the sum (noise_scale.py), without the loss scale.
-            norms = noise_lib.squared_norms(grads, self.noise_groups, factors)
+            norms = self._squared_norms(grads, factors)
             if scale is not None:
                 norms = norms / tf.square(scale)
         if sums is not None:

@@ -10,7 +10,9 @@ part, at the byte ranges the client hands it, and makes one output shard.
 
 Memory per task is bounded by a setting, not by the input: a file is read in
 pieces of about `piece_bytes`, cut at document boundaries (a piece holds
-whole documents, so it can exceed the setting by one document), and each
+whole documents, so it can exceed the setting by one document: a file
+without blank lines is one document, read whole, and said in a warning),
+and each
 piece's buckets are appended to spill files of this attempt's own; the part
 is their concatenation in bucket order. Stage two reads its ranges the same
 way, a piece at a time.
@@ -29,11 +31,16 @@ import gzip
 import hashlib
 import json
 import os
-import shutil
 import uuid
 from typing import Dict, Iterator, List, Sequence, Tuple
 
+from absl import logging
+
 PIECE_BYTES = 16 << 20  # the default piece: --piece_mb=16
+COPY_BYTES = 16 << 20   # concatenation: bytes between stop checks
+# A piece this many times the setting without a blank line is a document
+# held whole in memory: said once per file.
+LONG_DOCUMENT_PIECES = 4
 
 
 def read_documents(lines: Sequence[str]) -> List[List[str]]:
@@ -106,6 +113,7 @@ def read_pieces(path: str, piece_bytes: int) -> Iterator[List[str]]:
 def _pieces(raw_lines, piece_bytes: int, path: str) -> Iterator[List[str]]:
     piece: List[str] = []
     size = offset = number = 0
+    warned = False
     for raw in raw_lines:
         number += 1
         try:
@@ -118,6 +126,13 @@ def _pieces(raw_lines, piece_bytes: int, path: str) -> Iterator[List[str]]:
         if size >= piece_bytes and not raw.strip():
             yield piece
             piece, size = [], 0
+        elif size >= LONG_DOCUMENT_PIECES * piece_bytes and not warned:
+            warned = True
+            logging.warning(
+                "%s: no blank line in the %.1f MiB before byte %d: one "
+                "document this long is held whole in memory (Google's format "
+                "puts a blank line between documents)", path, size / 2**20,
+                offset)
     if piece:
         yield piece
 
@@ -158,7 +173,11 @@ def split_file(task: SplitTask, progress) -> Dict:
             for spill in spills:
                 if os.path.exists(spill):
                     with open(spill, "rb") as f:
-                        shutil.copyfileobj(f, out, 1 << 20)
+                        # A block at a time, asking the engine whether to
+                        # stop between blocks (a bucket may be gigabytes).
+                        for block in iter(lambda: f.read(COPY_BYTES), b""):
+                            out.write(block)
+                            progress(0)
                 ranges.append([offset, out.tell()])
                 offset = out.tell()
         os.replace(partial, text_path)

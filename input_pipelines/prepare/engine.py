@@ -123,6 +123,16 @@ class TaskStopped(Exception):
 # failing job waits for its running tasks to stop.
 STOP_CHECK_SECONDS = 1.0
 STOP_WAIT_SECONDS = 120
+# How often the client looks at the scheduler while it waits, and how long
+# it lets the scheduler go without a worker before it gives up.
+WATCH_SECONDS = 5.0
+NO_WORKERS_SECONDS = 60.0
+
+
+def still_running(error: BaseException) -> bool:
+    """Whether `run` raised `error` with tasks still writing (then their
+    temporary files must be left alone)."""
+    return bool(getattr(error, "still_running", False))
 
 
 def run(tasks: Sequence, fn: Callable, *, config: EngineConfig,
@@ -230,32 +240,89 @@ def _run_on_dask(client, tasks, fn, work, describe, bar, memory) -> List:
     units = {f.key: w for f, w in zip(futures, work)}
     names = {f.key: describe(t) for f, t in zip(futures, tasks)}
     try:
-        for future in distributed.as_completed(futures):
-            if future.status == "error":
-                future.result()  # raises the task's error here
-            bar.update(units[future.key])
+        _wait_all(client, futures, units, bar, memory)
         return [f.result() for f in futures]
     except KilledWorker as e:
-        _stop_all(client, stop, futures)
-        raise TaskError(
+        error = TaskError(
             f"task {names.get(e.task, e.task)}: the {e.allowed_failures + 1} "
             "workers that ran it died (out of memory, or killed): "
             f"{memory}; give the workers more memory or write smaller "
-            "pieces") from None
-    except BaseException:
-        _stop_all(client, stop, futures)
+            "pieces")
+        _stop_all(client, stop, futures, names, error)
+        raise error from None
+    except BaseException as e:
+        _stop_all(client, stop, futures, names, e)
         raise
 
 
-def _stop_all(client, stop, futures) -> None:
-    """Tells the job's running tasks to stop and waits until none runs."""
+def _wait_all(client, futures, units, bar, memory) -> None:
+    """Waits for every future, raising the first task error; a scheduler
+    left with no worker for NO_WORKERS_SECONDS (all died: with no nanny
+    nothing restarts them) ends the wait with one line, not at the job's
+    time limit."""
     import distributed
+    pending, alone_since = set(futures), None
+    while pending:
+        try:
+            done, pending = distributed.wait(
+                pending, timeout=WATCH_SECONDS, return_when="FIRST_COMPLETED")
+        except distributed.TimeoutError:
+            done = set()
+        for future in done:
+            if future.status == "error":
+                future.result()  # raises the task's error here
+            bar.update(units[future.key])
+        if not pending:
+            return
+        if client.scheduler_info().get("workers"):
+            alone_since = None
+            continue
+        alone_since = alone_since or time.monotonic()
+        if time.monotonic() - alone_since >= NO_WORKERS_SECONDS:
+            raise TaskError(
+                f"the Dask scheduler has had no worker for "
+                f"{NO_WORKERS_SECONDS:.0f} s with {len(pending)} task(s) to "
+                f"run: its workers died (out of memory? {memory}) or never "
+                "came; see the workers' log")
+
+
+def _stop_all(client, stop, futures, names, error: BaseException) -> None:
+    """Tells the job's running tasks to stop and waits until none runs.
+    Tasks still running after STOP_WAIT_SECONDS are named on stderr and
+    `error` gets `still_running` (`still_running(error)`): their temporary
+    files are theirs still, so the caller leaves them for the next run."""
+    import distributed
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
     try:
         stop.set()
-        distributed.wait(futures, timeout=STOP_WAIT_SECONDS)
+        while time.monotonic() < deadline:
+            try:
+                distributed.wait(futures, timeout=WATCH_SECONDS)
+                break
+            except distributed.TimeoutError:
+                if not client.scheduler_info().get("workers"):
+                    break  # nothing runs them
     except Exception:  # noqa: BLE001 - the first error is the one to report
         pass
+    running = [f for f in futures if f.status == "pending"]
+    if running:
+        try:
+            busy = {key for keys in client.processing().values()
+                    for key in keys}
+            running = [f for f in running if f.key in busy]
+        except Exception:  # noqa: BLE001 - unknown: assume they run
+            pass
     client.cancel(futures)
+    if running:
+        print(f"{len(running)} task(s) did not stop within "
+              f"{STOP_WAIT_SECONDS} s of the job's failure "
+              f"({names.get(running[0].key, running[0].key)}, ...): their "
+              "temporary files are left for the next run to remove",
+              file=sys.stderr)
+        try:
+            error.still_running = True
+        except AttributeError:
+            pass
 
 
 def _client(config: EngineConfig, processes: int):

@@ -9,9 +9,12 @@ Files are opened as they are needed and kept open in a bounded pool, one
 descriptor per file: ImageNet has 1,152 shards and Wikipedia-scale BERT
 records thousands, against a soft limit of 1,024 descriptors on many cluster
 nodes. When the pool is full the least recently used file is closed, and a
-file opened again must be the one the run indexed (same inode, size and
-modification time): a file replaced or rewritten during the run is refused,
-naming it, instead of yielding other records. Reads never map the files, so
+file opened again must be the one the run indexed (the same stamp: inode,
+size, mtime and ctime): a file replaced or rewritten during the run is
+refused, naming it, instead of yielding other records. The pools of all the
+readers of a process share one budget (`process_budget`): a pipeline
+rebuilt again and again (one per `fit`) leaves readers nobody reads, and
+they close their descriptors when another reader needs room. Reads never map the files, so
 a file truncated under the reader is a short read and a one-line error, not
 a SIGBUS.
 
@@ -25,6 +28,8 @@ import collections
 import os
 import resource
 import threading
+import time
+import weakref
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -34,20 +39,41 @@ from input_pipelines.record_order.index import (FRAME_BYTES, HEADER_BYTES,
                                                 RecordIndexError)
 
 # Descriptors left to the rest of the process (sockets, TensorFlow's own
-# files, other pipelines) when the pool's size comes from the limit.
+# files) when the pools' sizes come from the limit.
 _RESERVED_DESCRIPTORS = 256
 _MIN_POOL = 16
+
+# Every reader of this process: their pools share the process's descriptors.
+# A pipeline's reader lives as long as the graph of its read function, which
+# TensorFlow keeps after the pipeline is dropped (and a pipeline may be
+# checkpointed, so its reads stay a stateless function): readers nobody
+# reads give their descriptors back when another reader needs them.
+_READERS = weakref.WeakSet()
+
+
+def _soft_limit() -> Optional[int]:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def default_pool_size(num_files: int) -> int:
     """Descriptors one reader may hold: all its files when the soft
     `RLIMIT_NOFILE` allows (a quarter of what is left after the reserve,
     for the other pipelines of the process), else that quarter."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
+    soft = _soft_limit()
+    if soft is None:
         return num_files
     share = max(_MIN_POOL, (soft - _RESERVED_DESCRIPTORS) // 4)
     return max(1, min(num_files, share))
+
+
+def process_budget() -> Optional[int]:
+    """Descriptors all the readers of this process hold at most (None: no
+    limit): half of what the soft limit leaves after the reserve."""
+    soft = _soft_limit()
+    if soft is None:
+        return None
+    return max(_MIN_POOL, (soft - _RESERVED_DESCRIPTORS) // 2)
 
 
 class RecordReader:
@@ -81,11 +107,12 @@ class RecordReader:
         self._lock = threading.Condition()
         self._open = collections.OrderedDict()  # file id -> fd, LRU first
         self._pins = collections.Counter()      # file id -> reads under way
-        self._identity = {}  # file id -> (dev, inode, size, mtime) at open
-        # When each file's saved index was written (None: an index in
-        # memory): a file modified after it is not the indexed file.
-        self._indexed_at = [_mtime_ns(record_index.index_path(name))
-                            for name in self.files]
+        self._last_read = time.monotonic()
+        _READERS.add(self)
+        # Each file's stamp (inode, size, mtime, ctime) now, just after
+        # its index was read or made: a file that opens with another one was
+        # written or replaced since.
+        self._stamps = [record_index.stamp(name) for name in self.files]
 
     def locate(self, record_ids: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """(file index, record number within the file) of each record."""
@@ -153,11 +180,13 @@ class RecordReader:
                     break
                 self._make_room()
                 if len(self._open) < self.max_open_files:
+                    _make_room_elsewhere(self)
                     fd = self._open_file(f)
                     self._open[f] = fd
                     break
                 self._lock.wait()
             self._pins[f] += 1
+            self._last_read = time.monotonic()
             return fd
 
     def _release(self, f: int) -> None:
@@ -182,17 +211,13 @@ class RecordReader:
         except OSError as e:
             raise OSError(e.errno, f"{name}: {e.strerror}") from None
         info = os.fstat(fd)
-        identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-        known = self._identity.setdefault(f, identity)
         problem = None
         if info.st_size != self._sizes[f]:
             problem = (f"has {info.st_size} bytes, its index "
                        f"{self._sizes[f]}")
-        elif identity != known:
-            problem = "is another file than the one opened before"
-        elif (self._indexed_at[f] is not None
-              and info.st_mtime_ns > self._indexed_at[f]):
-            problem = "was modified after its index was written"
+        elif record_index.stamp(name, info) != self._stamps[f]:
+            problem = ("is not the file that was indexed (another inode, "
+                       "mtime or ctime)")
         if problem:
             os.close(fd)
             raise RecordIndexError(
@@ -217,6 +242,16 @@ class RecordReader:
                 "it was indexed): rerun python -m input_pipelines."
                 f"index_records '{self.files[int(file_id[0])]}'")
 
+    def close_unpinned(self) -> int:
+        """Closes the descriptors no read uses now (a read later opens its
+        file again); returns how many. Call holding `_lock`."""
+        closed = 0
+        for f in list(self._open):
+            if not self._pins[f]:
+                os.close(self._open.pop(f))
+                closed += 1
+        return closed
+
     def open_files(self) -> int:
         """Descriptors held now."""
         with self._lock:
@@ -233,11 +268,25 @@ class RecordReader:
             self._open.clear()
 
 
-def _mtime_ns(path: str) -> Optional[int]:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
+def _make_room_elsewhere(me: RecordReader) -> None:
+    """Before `me` opens a file with the process's readers at their budget:
+    the other readers, least recently read first, close the descriptors no
+    read of theirs uses (a reader busy now is skipped, never waited for)."""
+    budget = process_budget()
+    if budget is None:
+        return
+    readers = [r for r in list(_READERS)]
+    held = sum(len(r._open) for r in readers)
+    for reader in sorted((r for r in readers if r is not me),
+                         key=lambda r: r._last_read):
+        if held < budget:
+            return
+        if reader._lock.acquire(blocking=False):
+            try:
+                held -= reader.close_unpinned()
+                reader._lock.notify_all()
+            finally:
+                reader._lock.release()
 
 
 def split_offsets(lengths: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:

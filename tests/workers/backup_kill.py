@@ -1,7 +1,11 @@
-"""A Trainer run with Keras's BackupAndRestore (one backup per epoch) in one
-process. With --kill_at N the N-th backup's weights are written, cut to half
-their bytes and the process SIGKILLs itself: a worker killed while writing
-its backup. Writes {"first_step", "last_step"} to --out when it ends."""
+"""A Trainer run (or with --keras_fit, Keras's `model.fit` after
+`tfscale.enable_multi_worker_fit()`) with Keras's BackupAndRestore (one
+backup per epoch) in one process. With --kill_at N the N-th backup's weights
+are written, cut to half their bytes and the process SIGKILLs itself: a
+worker killed while writing its backup. With --kill_before_replace N it
+SIGKILLs itself just before the N-th rename into the backup folder. Writes
+{"first_step", "last_step", "restored": the weights the first step starts
+from, "epochs": {epoch: the weights at its end}} to --out when it ends."""
 
 import argparse
 import json
@@ -20,7 +24,20 @@ def main():
     p.add_argument("--backup_dir", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--kill_at", type=int, default=0)
+    p.add_argument("--kill_before_replace", type=int, default=0)
+    p.add_argument("--keras_fit", action="store_true")
     args = p.parse_args()
+    replaces = []
+    replace = os.replace
+
+    def replace_or_die(source, target):
+        if os.path.dirname(os.path.abspath(target)) == os.path.abspath(
+                args.backup_dir):
+            replaces.append(target)
+            if len(replaces) == args.kill_before_replace:
+                os.kill(os.getpid(), signal.SIGKILL)
+        replace(source, target)
+    os.replace = replace_or_die
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     keras.utils.set_random_seed(0)
     with strategy.scope():
@@ -49,17 +66,38 @@ def main():
     class FirstStep(keras.callbacks.Callback):
         first = None
 
+        restored = None
+        epochs = {}
+
+        def on_epoch_end(self, epoch, logs=None):
+            FirstStep.epochs[epoch + 1] = [w.tolist()
+                                           for w in model.get_weights()]
+
         def on_train_batch_begin(self, batch, logs=None):
             if FirstStep.first is None:
-                FirstStep.first = int(trainer.step.numpy())
+                FirstStep.restored = [w.tolist() for w in model.get_weights()]
+                FirstStep.first = int((optimizer.iterations if args.keras_fit
+                                       else trainer.step).numpy())
 
-    trainer.fit(lambda context: tf.data.Dataset.from_tensor_slices(
-        (x, y)).repeat().batch(16), steps_per_epoch=3, epochs=4,
-        callbacks=[keras.callbacks.BackupAndRestore(args.backup_dir),
-                   FirstStep()])
+    callbacks = [keras.callbacks.BackupAndRestore(args.backup_dir),
+                 FirstStep()]
+    if args.keras_fit:
+        import tfscale
+        tfscale.enable_multi_worker_fit()
+        model.compile(optimizer=optimizer, loss="mse")
+        step = optimizer.iterations
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+            16), steps_per_epoch=3, epochs=4, callbacks=callbacks, verbose=0)
+    else:
+        step = trainer.step
+        trainer.fit(lambda context: tf.data.Dataset.from_tensor_slices(
+            (x, y)).repeat().batch(16), steps_per_epoch=3, epochs=4,
+            callbacks=callbacks)
     with open(args.out, "w") as f:
         json.dump({"first_step": FirstStep.first,
-                   "last_step": int(trainer.step.numpy())}, f)
+                   "last_step": int(step.numpy()),
+                   "restored": FirstStep.restored,
+                   "epochs": FirstStep.epochs}, f)
 
 
 if __name__ == "__main__":
