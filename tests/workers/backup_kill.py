@@ -5,7 +5,8 @@ are written, cut to half their bytes and the process SIGKILLs itself: a
 worker killed while writing its backup. With --kill_before_replace N it
 SIGKILLs itself just before the N-th rename into the backup folder. Writes
 {"first_step", "last_step", "restored": the weights the first step starts
-from, "epochs": {epoch: the weights at its end}} to --out when it ends."""
+from, "epochs": {epoch: the weights at its end}} to --out when it ends,
+and each epoch's weights to --out.epoch-N.json as it ends."""
 
 import argparse
 import json
@@ -70,8 +71,12 @@ def main():
         epochs = {}
 
         def on_epoch_end(self, epoch, logs=None):
+            # Before the backup's own on_epoch_end, and on disk at once: a
+            # run killed in its backup has these too.
             FirstStep.epochs[epoch + 1] = [w.tolist()
                                            for w in model.get_weights()]
+            with open(f"{args.out}.epoch-{epoch + 1}.json", "w") as f:
+                json.dump(FirstStep.epochs[epoch + 1], f)
 
         def on_train_batch_begin(self, batch, logs=None):
             if FirstStep.first is None:
@@ -79,8 +84,8 @@ def main():
                 FirstStep.first = int((optimizer.iterations if args.keras_fit
                                        else trainer.step).numpy())
 
-    callbacks = [keras.callbacks.BackupAndRestore(args.backup_dir),
-                 FirstStep()]
+    callbacks = [FirstStep(),
+                 keras.callbacks.BackupAndRestore(args.backup_dir)]
     if args.keras_fit:
         import tfscale
         tfscale.enable_multi_worker_fit()
