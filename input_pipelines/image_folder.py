@@ -308,25 +308,16 @@ def _build(config: WriterConfig, show_progress: bool,
             f"{labels_txt} numbers other classes than these images would "
             f"get; pass --labels_file={labels_txt} to number them the same "
             "way, or choose another --output_dir")
-    tasks = []
-    for i in range(shards):
-        items = tuple((path, index) for path, index in found[i::shards])
-        files = {os.path.basename(p) for p, _ in items}
-        synsets = {classes[index] for _, index in items}
-        tasks.append(_ShardTask(
-            names[i], items, tuple(classes),
-            {k: v for k, v in metadata.items() if k in synsets},
-            {k: tuple(v) for k, v in boxes.items() if k in files},
-            config.label_offset, config.jpeg_quality))
-    # The images by path, label, size and modification time: an image
-    # redone in place between a killed run and its rerun is another plan.
-    plan = shard_writer.Plan(
-        os.path.join(config.output_dir, f".{config.name}.manifest.json"),
-        names, shard_writer.Plan.digest_of([
-            [os.path.basename(t.name), t.items, _stats(t.items),
-             t.label_offset, t.jpeg_quality, sorted(t.texts.items()),
-             sorted((k, [list(b) for b in v]) for k, v in t.boxes.items())]
-            for t in tasks]))
+    tasks = [_ShardTask(name, items, tuple(classes),
+                        {k: v for k, v in metadata.items()
+                         if k in {classes[i] for _, i in items}},
+                        {k: tuple(v) for k, v in boxes.items()
+                         if k in {os.path.basename(p) for p, _ in items}},
+                        config.label_offset, config.jpeg_quality)
+             for name, items in zip(names, (
+                 tuple((path, index) for path, index in found[i::shards])
+                 for i in range(shards)))]
+    plan = _plan(config, names, tasks)
     if held:
         held.note_plan(plan.digest)
     kept = plan.keep()
@@ -353,6 +344,20 @@ def _build(config: WriterConfig, show_progress: bool,
         f.write("".join(f"{name}\n" for name in classes))
     return WriteResult(names, written, kept_images, len(kept),
                        time.monotonic() - start, leftovers)
+
+
+def _plan(config: WriterConfig, names: List[str],
+          tasks: List[_ShardTask]) -> shard_writer.Plan:
+    """The run's plan: the images by path, label, size and modification
+    time (an image redone in place between a killed run and its rerun is
+    another plan), and every setting the bytes depend on."""
+    return shard_writer.Plan(
+        os.path.join(config.output_dir, f".{config.name}.manifest.json"),
+        names, shard_writer.Plan.digest_of([
+            [os.path.basename(t.name), t.items, _stats(t.items),
+             t.label_offset, t.jpeg_quality, sorted(t.texts.items()),
+             sorted((k, [list(b) for b in v]) for k, v in t.boxes.items())]
+            for t in tasks]))
 
 
 def _stats(items) -> list:

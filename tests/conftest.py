@@ -93,3 +93,28 @@ def worker_output(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     return out
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """Real text (Python's help topics) -> vocab, bert_config, records;
+    one for the whole session (tests read it; those that change records
+    copy them first)."""
+    import json
+
+    from input_pipelines import make_demo_corpus
+    root = tmp_path_factory.mktemp("corpus")
+    documents = make_demo_corpus.corpus_documents()[:30]
+    (root / "corpus.txt").write_text(
+        "\n\n".join("\n".join(d) for d in documents) + "\n")
+    code, output = run_command(
+        [sys.executable, "-m", "input_pipelines.create_pretraining_data",
+         f"--input_file={root}/corpus.txt", f"--vocab_file={root}/vocab.txt",
+         "--vocab_size=600", f"--output_file={root}/records/train.tfrecord",
+         "--num_output_shards=4", "--max_seq_length=32",
+         "--max_predictions_per_seq=5", "--dupe_factor=2"], timeout=300)
+    assert code == 0, output
+    vocab_size = sum(1 for _ in open(root / "vocab.txt"))
+    config = make_demo_corpus.tiny_bert_config(-(-vocab_size // 8) * 8)
+    (root / "bert_config.json").write_text(json.dumps(config))
+    return root

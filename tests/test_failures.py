@@ -22,7 +22,7 @@ import time
 import pytest
 
 from tests.conftest import run_command
-from tests.test_pretraining import corpus, pretrain_args  # noqa: F401
+from tests.test_pretraining import pretrain_args
 
 pytestmark = pytest.mark.slow
 BACKENDS = ["mwms", "mpi"]

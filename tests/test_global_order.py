@@ -23,7 +23,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.test_pretraining import corpus, pretrain_args, run_pretraining  # noqa: F401
+from tests.test_pretraining import pretrain_args, run_pretraining
 
 pytestmark = pytest.mark.slow
 STEPS, CUT, GLOBAL_BATCH = 12, 6, 24  # 288 records: past one epoch

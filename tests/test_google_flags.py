@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_command, run_workers
-from tests.test_pretraining import corpus  # noqa: F401
 
 pytestmark = pytest.mark.slow
 GOOGLE_KEYS = ["global_step", "loss", "masked_lm_accuracy", "masked_lm_loss",

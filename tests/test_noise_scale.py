@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from input_pipelines.record_order import index as record_index
 from tests.conftest import run_command, run_workers
-from tests.test_pretraining import corpus, pretrain_args  # noqa: F401
+from tests.test_pretraining import pretrain_args
 from tests.test_trainer import mirrored
 from tfscale import noise_scale, precision
 from tfscale.noise_scale import SETTLE_UPDATES, NoiseScaleConfig

@@ -20,7 +20,6 @@ from absl import flags
 
 from models.tasks import nvidia_flags
 from tests.conftest import REPO, run_command
-from tests.test_pretraining import corpus  # noqa: F401
 from tfscale import dllogger
 
 

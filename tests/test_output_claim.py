@@ -12,7 +12,6 @@ import pytest
 from input_pipelines import output_claim, shard_writer
 from tests.conftest import REPO, run_command
 from tests.test_prepare import bert_writer
-from tests.test_pretraining import corpus  # noqa: F401
 
 HOLD = ("import sys, time\n"
         "from input_pipelines import output_claim\n"

@@ -32,7 +32,6 @@ import pytest
 
 from input_pipelines import pattern_images
 from tests.conftest import REPO, run_command
-from tests.test_pretraining import corpus  # noqa: F401
 
 DASK = os.path.join(os.path.dirname(sys.executable), "dask")
 

@@ -8,33 +8,12 @@ import sys
 
 import pytest
 
-from input_pipelines import make_demo_corpus
 from tests.conftest import run_command, run_workers
 
 pytestmark = pytest.mark.slow
 COMMON = ["--max_seq_length=32", "--max_predictions_per_seq=5",
           "--train_batch_size=32", "--learning_rate=5e-3",
           "--num_warmup_steps=5", "--log_steps=5", "--optimizer=lamb"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """Real text (Python's help topics) -> vocab, bert_config, records."""
-    root = tmp_path_factory.mktemp("corpus")
-    documents = make_demo_corpus.corpus_documents()[:30]
-    (root / "corpus.txt").write_text(
-        "\n\n".join("\n".join(d) for d in documents) + "\n")
-    code, output = run_command(
-        [sys.executable, "-m", "input_pipelines.create_pretraining_data",
-         f"--input_file={root}/corpus.txt", f"--vocab_file={root}/vocab.txt",
-         "--vocab_size=600", f"--output_file={root}/records/train.tfrecord",
-         "--num_output_shards=4", "--max_seq_length=32",
-         "--max_predictions_per_seq=5", "--dupe_factor=2"], timeout=300)
-    assert code == 0, output
-    vocab_size = sum(1 for _ in open(root / "vocab.txt"))
-    config = make_demo_corpus.tiny_bert_config(-(-vocab_size // 8) * 8)
-    (root / "bert_config.json").write_text(json.dumps(config))
-    return root
 
 
 def test_records_writer_rerun_keeps_complete_shards_same_bytes(corpus,

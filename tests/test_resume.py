@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.test_launch import processes_mentioning
-from tests.test_pretraining import corpus, pretrain_args  # noqa: F401
+from tests.test_pretraining import pretrain_args
 
 pytestmark = pytest.mark.slow
 STEPS = 30

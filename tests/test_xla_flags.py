@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import run_command
-from tests.test_pretraining import corpus, pretrain_args  # noqa: F401
+from tests.test_pretraining import pretrain_args
 from tfscale import xla_flags
 
 

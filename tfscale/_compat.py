@@ -13,7 +13,6 @@ import glob
 import json
 import os
 import shutil
-import uuid
 
 import keras
 import tensorflow as tf
@@ -450,87 +449,76 @@ def atomic_backup(callback) -> None:
         "_prev_training_metadata_path", "_load_model"))
     if getattr(callback, "_tfscale_atomic", False):
         return
-    from tfscale import durable
-
-    def hidden(final):
-        # save_weights wants a name ending in .weights.h5.
-        folder, base = os.path.split(final)
-        return os.path.join(folder, f".{uuid.uuid4().hex}.{base}")
-
-    def replace(write, final):
-        partial = hidden(final)
-        try:
-            write(partial)
-            durable.replace(partial, final)
-        except BaseException:
-            if os.path.exists(partial):
-                os.remove(partial)
-            raise
-
-    def settle():
-        """Moves the weights the committed metadata names into place (a
-        save killed after its commit)."""
-        try:
-            with open(callback._training_metadata_path) as f:
-                named = json.load(f).get("tfscale_weights")
-        except (OSError, ValueError):
-            return
-        if not named:
-            return
-        pending = os.path.join(os.path.dirname(callback._weights_path),
-                               named)
-        if not os.path.exists(pending):
-            return  # in place already
-        try:
-            os.replace(pending, callback._weights_path)
-        except FileNotFoundError:
-            return  # in place already (by this worker or another)
-        durable.flush_folder(os.path.dirname(callback._weights_path))
-
-    def save_model():
-        os.makedirs(callback.backup_dir, exist_ok=True)
-        settle()
-        # What an attempt killed mid-write left (hidden, uuid-named).
-        for final in (callback._weights_path,
-                      callback._training_metadata_path,
-                      callback._prev_weights_path,
-                      callback._prev_training_metadata_path):
-            folder, base = os.path.split(final)
-            for left in glob.glob(os.path.join(glob.escape(folder),
-                                               f".{'[0-9a-f]' * 32}.{base}")):
-                os.remove(left)
-        if callback.double_checkpoint:
-            for latest, previous in (
-                    (callback._weights_path, callback._prev_weights_path),
-                    (callback._training_metadata_path,
-                     callback._prev_training_metadata_path)):
-                if os.path.exists(latest):
-                    replace(lambda p, s=latest: shutil.copyfile(s, p),
-                            previous)
-        weights = hidden(callback._weights_path)
-        try:
-            callback.model.save_weights(weights, overwrite=True)
-            durable.flush_file(weights)
-
-            def write_metadata(path):
-                with open(path, "w") as f:
-                    json.dump({"epoch": callback._current_epoch,
-                               "batch": callback._last_batch_seen,
-                               "tfscale_weights": os.path.basename(weights)},
-                              f)
-            replace(write_metadata, callback._training_metadata_path)
-        except BaseException:
-            if os.path.exists(weights):
-                os.remove(weights)
-            raise
-        settle()
-
     load_model = callback._load_model
 
     def settled_load_model():
-        settle()
+        _settle_backup(callback)
         load_model()
 
-    callback._save_model = save_model
+    callback._save_model = lambda: _save_backup(callback)
     callback._load_model = settled_load_model
     callback._tfscale_atomic = True
+
+
+@shim
+def _settle_backup(callback) -> None:
+    """Moves the weights the committed metadata names into place (a save
+    killed after its commit)."""
+    from tfscale import durable
+    try:
+        with open(callback._training_metadata_path) as f:
+            named = json.load(f).get("tfscale_weights")
+    except (OSError, ValueError):
+        return
+    if not named:
+        return
+    folder = os.path.dirname(callback._weights_path)
+    pending = os.path.join(folder, named)
+    if not os.path.exists(pending):
+        return  # in place already
+    try:
+        os.replace(pending, callback._weights_path)
+    except FileNotFoundError:
+        return  # put in place by another worker just now
+    durable.flush_folder(folder)
+
+
+@shim
+def _save_backup(callback) -> None:
+    """`BackupAndRestore._save_model`, committed at one point."""
+    from tfscale import durable
+    os.makedirs(callback.backup_dir, exist_ok=True)
+    _settle_backup(callback)
+    # What an attempt killed mid-write left (hidden, uuid-named).
+    for final in (callback._weights_path, callback._training_metadata_path,
+                  callback._prev_weights_path,
+                  callback._prev_training_metadata_path):
+        folder, base = os.path.split(final)
+        for left in glob.glob(os.path.join(glob.escape(folder),
+                                           f".{'[0-9a-f]' * 32}.{base}")):
+            os.remove(left)
+    if callback.double_checkpoint:
+        for latest, previous in (
+                (callback._weights_path, callback._prev_weights_path),
+                (callback._training_metadata_path,
+                 callback._prev_training_metadata_path)):
+            if os.path.exists(latest):
+                durable.commit(lambda p, s=latest: shutil.copyfile(s, p),
+                               previous)
+    weights = durable.hidden_name(callback._weights_path)
+    metadata = {"epoch": callback._current_epoch,
+                "batch": callback._last_batch_seen,
+                "tfscale_weights": os.path.basename(weights)}
+
+    def write_metadata(path):
+        with open(path, "w") as f:
+            json.dump(metadata, f)
+    try:
+        callback.model.save_weights(weights, overwrite=True)
+        durable.flush_file(weights)
+        durable.commit(write_metadata, callback._training_metadata_path)
+    except BaseException:
+        if os.path.exists(weights):
+            os.remove(weights)
+        raise
+    _settle_backup(callback)

@@ -9,6 +9,8 @@ finished file: flush its data, rename it over `final`, flush the folder
 """
 
 import os
+import uuid
+from typing import Callable
 
 
 def flush_file(path: str) -> None:
@@ -41,3 +43,23 @@ def replace(partial: str, final: str) -> None:
     flush_file(partial)
     os.replace(partial, final)
     flush_folder(os.path.dirname(final))
+
+
+def hidden_name(final: str) -> str:
+    """A hidden name of one attempt's own beside `final` (the base name
+    stays last: Keras's save_weights wants one ending in .weights.h5)."""
+    folder, base = os.path.split(final)
+    return os.path.join(folder, f".{uuid.uuid4().hex}.{base}")
+
+
+def commit(write: Callable[[str], None], final: str) -> None:
+    """`write(path)` into a hidden file, then `replace` it as `final`; the
+    hidden file is removed when anything fails."""
+    partial = hidden_name(final)
+    try:
+        write(partial)
+        replace(partial, final)
+    except BaseException:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise

@@ -242,15 +242,32 @@ class RecordReader:
                 "it was indexed): rerun python -m input_pipelines."
                 f"index_records '{self.files[int(file_id[0])]}'")
 
-    def close_unpinned(self) -> int:
-        """Closes the descriptors no read uses now (a read later opens its
-        file again); returns how many. Call holding `_lock`."""
-        closed = 0
-        for f in list(self._open):
-            if not self._pins[f]:
-                os.close(self._open.pop(f))
-                closed += 1
-        return closed
+    @property
+    def last_read(self) -> float:
+        """When a read last began (`time.monotonic`)."""
+        return self._last_read
+
+    def held(self) -> int:
+        """Descriptors held now (read without waiting for the lock)."""
+        return len(self._open)
+
+    def give_back(self) -> int:
+        """Closes the descriptors no read uses now, unless a read or
+        another call holds this reader's lock (never waits: it is called
+        by other readers, under their own lock); a read later opens its
+        file again. Returns how many it closed."""
+        if not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            closed = 0
+            for f in list(self._open):
+                if not self._pins[f]:
+                    os.close(self._open.pop(f))
+                    closed += 1
+            self._lock.notify_all()
+            return closed
+        finally:
+            self._lock.release()
 
     def open_files(self) -> int:
         """Descriptors held now."""
@@ -275,18 +292,13 @@ def _make_room_elsewhere(me: RecordReader) -> None:
     budget = process_budget()
     if budget is None:
         return
-    readers = [r for r in list(_READERS)]
-    held = sum(len(r._open) for r in readers)
+    readers = list(_READERS)
+    held = sum(r.held() for r in readers)
     for reader in sorted((r for r in readers if r is not me),
-                         key=lambda r: r._last_read):
+                         key=lambda r: r.last_read):
         if held < budget:
             return
-        if reader._lock.acquire(blocking=False):
-            try:
-                held -= reader.close_unpinned()
-                reader._lock.notify_all()
-            finally:
-                reader._lock.release()
+        held -= reader.give_back()
 
 
 def split_offsets(lengths: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
