@@ -15,6 +15,7 @@ weight decay.
 """
 
 import keras
+import tensorflow as tf
 from keras import layers, ops
 
 from models import elementwise
@@ -172,11 +173,18 @@ class BertEncoder(keras.Model):
 
     Call: `{"input_ids", "input_mask", "segment_ids"}` ->
     `(sequence_output [B, T, H], pooled_output [B, H])`.
+
+    `recompute_activations`: in training, each transformer layer keeps only
+    its input for the backward pass and runs its forward again there
+    (`recomputed`): activation memory of one layer instead of all, for
+    about one more forward pass.
     """
 
-    def __init__(self, config: BertConfig, **kwargs):
+    def __init__(self, config: BertConfig, recompute_activations=False,
+                 **kwargs):
         super().__init__(**kwargs)
         self.config = config
+        self.recompute_activations = recompute_activations
         init = _init(config)
         hidden = config.hidden_size
         self.word_embeddings = layers.Embedding(
@@ -214,18 +222,43 @@ class BertEncoder(keras.Model):
         mask = ops.cast(inputs["input_mask"], "float32")
         mask_bias = (1.0 - mask[:, None, None, :]) * -10000.0
         for layer in self.transformer_layers:
-            x = layer(x, mask_bias, training=training)
+            if training and self.recompute_activations:
+                x = recomputed(layer, x, mask_bias)
+            else:
+                x = layer(x, mask_bias, training=training)
         return x, self.pooler(x[:, 0])
+
+
+def recomputed(layer, x, mask_bias):
+    """`layer(x, mask_bias, training=True)` under `tf.recompute_grad`: its
+    activations are not kept for the backward pass, which runs the layer
+    again. Its dropout seed generators are set back to their states at
+    the call before each run, so the backward's forward draws the same
+    masks (a Keras `SeedGenerator` moves on at every draw) and the states
+    end where one plain call leaves them."""
+    states = [v for v in layer.variables if "seed_generator_state" in v.path]
+
+    @tf.recompute_grad
+    def run(x, mask_bias, *start):
+        # (The states at the call are inputs: recompute_grad keeps its
+        # inputs for the backward pass, which reads them, not the states.)
+        for state, value in zip(states, start):
+            state.assign(value)
+        return layer(x, mask_bias, training=True)
+    return run(x, mask_bias, *[tf.identity(v.value) for v in states])
 
 
 class BertPretrainer(keras.Model):
     """`BertEncoder` with the masked-LM (tied embeddings) and NSP heads."""
 
-    def __init__(self, config: BertConfig, **kwargs):
+    def __init__(self, config: BertConfig, recompute_activations=False,
+                 **kwargs):
         super().__init__(**kwargs)
         self.config = config
         init = _init(config)
-        self.encoder = BertEncoder(config, name="encoder")
+        self.encoder = BertEncoder(
+            config, recompute_activations=recompute_activations,
+            name="encoder")
         self.mlm_transform = Dense(
             config.hidden_size, activation=_activation(config.hidden_act),
             kernel_initializer=init, name="mlm_transform")
@@ -264,8 +297,10 @@ def make_encoder(config: BertConfig, max_seq_length: int = 128) -> BertEncoder:
 
 
 def make_pretrainer(config: BertConfig, max_seq_length: int,
-                    max_predictions_per_seq: int) -> BertPretrainer:
-    """Builds the model (variables created) for the given record shape.
+                    max_predictions_per_seq: int,
+                    recompute_activations: bool = False) -> BertPretrainer:
+    """Builds the model (variables created) for the given record shape
+    (`recompute_activations`: see `BertEncoder`).
 
     Call under `strategy.scope()`.
     """
@@ -273,7 +308,8 @@ def make_pretrainer(config: BertConfig, max_seq_length: int,
         raise ValueError(
             f"max_seq_length {max_seq_length} exceeds the model's "
             f"max_position_embeddings {config.max_position_embeddings}")
-    model = BertPretrainer(config, name="bert_pretrainer")
+    model = BertPretrainer(config, recompute_activations=recompute_activations,
+                           name="bert_pretrainer")
     dummy = _dummy_inputs(max_seq_length)
     dummy["masked_lm_positions"] = ops.zeros((1, max_predictions_per_seq),
                                              "int32")

@@ -155,11 +155,14 @@ def test_single_worker_with_eval_accumulation_and_profile(corpus, tmp_path):
 
 
 def test_two_workers_float16_with_loss_scaling(corpus, tmp_path):
+    # With the optimizer state sharded (tests/test_zero.py): the skip
+    # decision from the shards' non-finite counts, summed.
     out = tmp_path / "fp16"
     run_pretraining(2, pretrain_args(corpus, out, 12, "--precision=mixed_float16",
-                                     "--log_steps=6"))
+                                     "--log_steps=6",
+                                     "--shard_optimizer_state"))
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 12
+    assert summary["steps"] == 12 and summary["shard_optimizer_state"]
     for row in summary["intervals"]:
         assert row["loss_scale"] >= 1 and 0 <= row["skipped_steps"] <= 6
         assert row["interval_loss"] == row["interval_loss"]  # not NaN

@@ -364,6 +364,60 @@ def variable_index(optimizer, variable) -> int:
 
 
 @shim
+def uses_weight_decay(optimizer, variable) -> bool:
+    """Whether a Keras 3 optimizer decays `variable` (its exclusions by
+    variable and by name pattern, `_use_weight_decay`)."""
+    return bool(optimizer._use_weight_decay(variable))
+
+
+@shim
+def all_to_all(strategy, rows, options=None):
+    """`rows[j]` sent to worker j of a MultiWorkerMirroredStrategy of one
+    replica per worker; returns
+    [replicas, ...]: row i from replica i. Inside a replica context.
+
+    TensorFlow 2.21 has `CollectiveAllToAllV2` on CPUs and GPUs but no
+    strategy method for it, and its reduce-scatter op has only an NCCL
+    kernel: this issues the op with the strategy's own group, instance keys
+    and ordering token (`cross_device_utils.CollectiveReplicaLauncher`), so
+    it is ordered with the strategy's all-reduces in the same function.
+    """
+    from tensorflow.python.ops import collective_ops
+    cross_device_ops = strategy.extended._cross_device_ops
+    launchers = cross_device_ops._launchers
+    if len(launchers) != 1:
+        raise ValueError("all_to_all needs one replica per worker, got "
+                         f"{len(launchers)} devices here")
+    launcher = launchers[0]
+    merged = launcher._options.merge(options)
+    instance_key = launcher._next_instance_key()
+    with tf.device(launcher._device):
+        return collective_ops.all_to_all_v2(
+            rows, launcher._group_size, launcher._group_key, instance_key,
+            communication_hint=merged.implementation.value,
+            timeout=merged.timeout_seconds or 0,
+            ordering_token=launcher._get_ordering_token())
+
+
+@shim
+def variable_value_key() -> str:
+    """The attribute name under which a checkpoint keeps a variable's value
+    ("VARIABLE_VALUE": `.ATTRIBUTES/VARIABLE_VALUE` in its keys)."""
+    from tensorflow.python.trackable import base
+    return base.VARIABLE_VALUE_KEY
+
+
+@shim
+def trackable_base():
+    """TensorFlow's `Trackable` base class: an object that writes its own
+    tensors into object-based checkpoints (`_serialize_to_tensors`,
+    `_restore_from_tensors`) and its SaveSpec (a tensor written lazily)."""
+    from tensorflow.python.trackable import base
+    from tensorflow.python.training.saving import saveable_object
+    return base.Trackable, saveable_object.SaveSpec
+
+
+@shim
 def learning_rate_schedule(optimizer):
     """The optimizer's `LearningRateSchedule`, or None for a fixed rate
     (Keras 3 keeps the schedule object in `_learning_rate`)."""

@@ -6,6 +6,11 @@ workers only through this interface:
     num_workers, worker_index, is_chief, num_replicas
     all_reduce(values)      inside a replica context: the sums over all
                             replicas of a list of tensors
+    reduce_scatter(flat)    inside a replica context: flat [R x S] summed
+                            over the R replicas, row r to replica r ([S])
+    all_gather(shard)       inside a replica context: [S] of every replica
+                            end to end, [R x S] (both for
+                            `zero.py`'s sharded optimizer state)
     agree(value)            on the host: the sum over workers of one float
                             (flags); every worker must call it
     barrier()               on the host: returns when every worker called it
@@ -67,6 +72,19 @@ class StrategyCollectives:
     def all_reduce(self, values):
         return tf.distribute.get_replica_context().all_reduce(
             tf.distribute.ReduceOp.SUM, list(values), options=self._options)
+
+    def reduce_scatter(self, flat):
+        # TensorFlow 2.21's reduce-scatter op has only an NCCL kernel: each
+        # replica sends row j to replica j (an all-to-all moves what a
+        # ring reduce-scatter moves) and sums what it receives, in replica
+        # order (at 2 replicas, the all-reduce's a + b).
+        rows = tf.reshape(flat, [self.num_replicas, -1])
+        received = _compat.all_to_all(self.strategy, rows, self._options)
+        return sum_rows(received, self.num_replicas)
+
+    def all_gather(self, shard):
+        return tf.distribute.get_replica_context().all_gather(
+            shard, axis=0, options=self._options)
 
     def agree(self, value: float) -> float:
         if self.num_workers == 1:
@@ -144,6 +162,15 @@ class StrategyCollectives:
                                 "the last barrier (%s); exiting anyway",
                                 index, str(e).splitlines()[0])
                 return
+
+
+def sum_rows(rows, count: int):
+    """rows[0] + rows[1] + ... in that order (a reduction op may add
+    another way)."""
+    total = rows[0]
+    for i in range(1, count):
+        total = total + rows[i]
+    return total
 
 
 def make(backend: str, strategy, timeout_seconds: Optional[float] = 300.0,

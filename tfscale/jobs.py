@@ -417,7 +417,8 @@ def run_results(trainer: Trainer, info, backend: str, wall_seconds: float,
             "checkpoint": trainer.checkpoint_path,
             "noise_scale": (trainer.noise_scale.summary()
                             if trainer.noise_scale else None),
-            "adascale": trainer.adascale_summary()}
+            "adascale": trainer.adascale_summary(),
+            **trainer.memory_summary()}
 
 
 def run_summary(task: Task, info, trainer: Trainer, built: Built,
@@ -443,7 +444,18 @@ def run_summary(task: Task, info, trainer: Trainer, built: Built,
         numerics_line(trainer.config, task.config.cluster),
         *([f"  XLA on a GPU: {xla.description}"] if xla else []),
         *("  " + line for line in task.describe(built.model)),
-        "  " + optimizer])
+        "  " + optimizer + _sharding(trainer)])
+
+
+def _sharding(trainer: Trainer) -> str:
+    """", optimizer state sharded over 2 workers (2.3 MB each)" or ""."""
+    if not trainer.config.shard_optimizer_state:
+        return ""
+    if trainer.collectives.num_replicas == 1:
+        return ", optimizer state whole (one replica: nothing to shard)"
+    return (f", optimizer state sharded over "
+            f"{trainer.collectives.num_replicas} workers "
+            f"({trainer.optimizer_state_bytes / 1e6:.1f} MB each)")
 
 
 def workers_line(info, trainer: Trainer) -> str:

@@ -18,6 +18,7 @@ Requires mpi4py and an MPI library: `pip install 'tfscale[mpi]'` (mpi4py and
 Open MPI from PyPI), or mpi4py built against the site's MPI.
 """
 
+import contextlib
 import sys
 import threading
 import time
@@ -178,12 +179,42 @@ class MpiCollectives:
         return tf.ensure_shape(total, flat.shape)
 
     def _allreduce_into(self, flat: np.ndarray, out: np.ndarray) -> np.ndarray:
-        if self._watchdog is None:
+        with self._watching():
             self.comm.Allreduce(flat, out, op=self._sum_op)
-        else:
-            with self._watchdog:
-                self.comm.Allreduce(flat, out, op=self._sum_op)
         return out
+
+    def reduce_scatter(self, flat) -> tf.Tensor:
+        """[N x S] summed over the ranks; rank r gets row r ([S])."""
+        flat = tf.convert_to_tensor(flat)
+        size = flat.shape.num_elements() // self.num_workers
+        return self._host_call(self._reduce_scatter_into, flat, [size])
+
+    def all_gather(self, shard) -> tf.Tensor:
+        """[S] of every rank, end to end: [N x S]."""
+        shard = tf.convert_to_tensor(shard)
+        size = shard.shape.num_elements() * self.num_workers
+        return self._host_call(self._all_gather_into, shard, [size])
+
+    def _host_call(self, fn, tensor, shape) -> tf.Tensor:
+        with tf.device("/cpu:0"):
+            out = tf.raw_ops.Empty(shape=shape, dtype=tensor.dtype)
+            result = tf.numpy_function(fn, [tensor, out], tensor.dtype,
+                                       stateful=True)
+        return tf.ensure_shape(result, shape)
+
+    def _reduce_scatter_into(self, flat, out):
+        with self._watching():
+            self.comm.Reduce_scatter_block(flat, out, op=self._sum_op)
+        return out
+
+    def _all_gather_into(self, shard, out):
+        with self._watching():
+            self.comm.Allgather(shard, out)
+        return out
+
+    def _watching(self):
+        return (self._watchdog if self._watchdog is not None
+                else contextlib.nullcontext())
 
     # ---- on the host ---------------------------------------------------------
 

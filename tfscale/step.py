@@ -124,6 +124,10 @@ class TrainStep:
         feed: `fn(iterator, k) -> k per-replica micro-batches`
             (`ReplicaFeed.take`); it runs inside the compiled call too.
         loss_scale: A `precision.DynamicLossScale` for fp16, else None.
+        sharded: A `zero.ShardedOptimizer` (`shard_optimizer_state`): the
+            gradients are reduce-scattered, each worker updates its shard
+            and the weights are gathered (`zero.py`); None: all-reduce and
+            `optimizer.apply`.
 
     `run` is the one entry point of the training loop: it owns the choice
     between several steps per call and the part-by-part step, and the host
@@ -133,7 +137,7 @@ class TrainStep:
     def __init__(self, *, model, optimizer, loss_fn: Callable,
                  metrics: Sequence[keras.metrics.Metric], strategy,
                  collectives, config: TrainConfig, feed: Callable,
-                 loss_scale=None):
+                 loss_scale=None, sharded=None):
         self._model = model
         self._optimizer = optimizer
         self._loss_fn = unreduced(loss_fn)
@@ -144,6 +148,7 @@ class TrainStep:
         self._config = config
         self._feed = feed
         self._loss_scale = loss_scale
+        self._sharded = sharded
         self._split_steps = 0
         self._variables = model.trainable_variables
         # The gradient noise scale needs two batch sizes in a step: at least
@@ -162,6 +167,8 @@ class TrainStep:
         compiled = jit or config.compile_update  # no matmul in them
         self.jit_update = (compiled
                            and len(strategy.extended.worker_devices) == 1)
+        if sharded is not None:
+            self._compile_sharded(sharded, compiled)
         self._micro_batch = tf.function(self._micro_batch_fn, jit_compile=jit)
         # Compiled under op determinism (--deterministic): TensorFlow's CPU
         # reductions of a large tensor split their sums by the intra-op
@@ -178,8 +185,9 @@ class TrainStep:
             else norms)
         self._after_reduce = tf.function(self._after_reduce_fn,
                                          jit_compile=compiled)
-        self._update = tf.function(self._update_fn,
-                                   jit_compile=self.jit_update)
+        self._update = tf.function(
+            self._update_fn,
+            jit_compile=self.jit_update and sharded is None)
         self.execute = tf.function(self._execute)
         self.compute = tf.function(self._compute)
         self.sync = tf.function(self._sync)
@@ -187,6 +195,20 @@ class TrainStep:
         # Values this object copied from the device to Python (each a wait
         # for the device): the loop's cost that does not show in a profile.
         self.host_reads = 0
+
+    def _compile_sharded(self, sharded, compiled: bool) -> None:
+        """The sharded sync's functions (no collective in them: compiled
+        when `compiled`; the update's arithmetic is compiled by `sharded`
+        itself, its collectives outside); the noise groups of the shard's
+        pieces."""
+        self._piece_groups = noise_lib.Groups(
+            self.noise_groups.names,
+            tuple(self.noise_groups.of_variable[p.variable]
+                  for p in sharded.layout.pieces))
+        self._shard_stats = tf.function(self._shard_stats_fn,
+                                        jit_compile=compiled)
+        self._after_shard_reduce = tf.function(
+            self._after_shard_reduce_fn, jit_compile=compiled)
 
     # ---- per replica -----------------------------------------------------
 
@@ -259,6 +281,8 @@ class TrainStep:
         # noise scale's micro-batch norms and count (after the flags).
         control = tf.concat([loss[:1], tf.cast(signals, tf.float32),
                              loss[1:]], axis=0)
+        if self._sharded is not None:
+            return self._replica_sync_sharded(control, grads, deltas)
         # tf.identity gives the values the replica's device: inputs that
         # come from another tf.function carry none, and all_reduce needs it.
         values = ([tf.identity(control)] + [tf.identity(g) for g in grads]
@@ -296,12 +320,57 @@ class TrainStep:
                 grads, self._config.clip_global_norm, use_norm=norm)
         return control, grads, finite
 
+    def _replica_sync_sharded(self, control, grads, deltas):
+        """The sync of a sharded step: this worker's shard of the summed
+        gradients (reduce-scatter), then one small all-reduce of the loss
+        and flags with the shard's sums (non-finite count, squared norms),
+        from which every worker clips and decides alike."""
+        flat = self._sharded.layout.flatten([tf.identity(g) for g in grads])
+        shard = self._collectives.reduce_scatter(flat)
+        shard, sums = self._shard_stats(shard)
+        values = ([tf.identity(tf.concat([control, sums], axis=0))]
+                  + [tf.identity(d) for d in deltas])
+        reduced = self._collectives.all_reduce(values)
+        _add_others(self._metric_variables, deltas, reduced[1:])
+        return self._after_shard_reduce(reduced[0], shard,
+                                        control.shape[0])
+
+    def _shard_stats_fn(self, shard):
+        """The shard without the loss scale, and its sums: [non-finite
+        count, squared norm per noise group (or in all)]."""
+        if self._loss_scale is not None:
+            inverse = 1.0 / tf.cast(self._loss_scale.scale, tf.float32)
+            shard = shard * tf.cast(inverse, shard.dtype)
+        bad = tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(shard)),
+                                    tf.float32))
+        if self.measures_noise:
+            norms = noise_lib.squared_norms(
+                self._sharded.layout.split(shard), self._piece_groups)
+        else:
+            norms = tf.reshape(2.0 * tf.nn.l2_loss(shard), [1])
+        return shard, tf.concat([[bad], norms], axis=0)
+
+    def _after_shard_reduce_fn(self, reduced, shard, size: int):
+        control, bad, norms = (reduced[:size], reduced[size],
+                               reduced[size + 1:])
+        if self.measures_noise:
+            # The step's norms by group, then the (plain) ready flag.
+            control = tf.concat([control, norms, [1.0]], axis=0)
+        if self._config.clip_global_norm:
+            norm = tf.sqrt(tf.reduce_sum(norms))
+            (shard,), _ = tf.clip_by_global_norm(
+                [shard], self._config.clip_global_norm, use_norm=norm)
+        return control, shard, tf.equal(bad, 0.0)
+
     def _replica_compute_sync(self, micro_batches, signals):
         loss, grads, deltas = self._replica_compute(micro_batches)
         return self._replica_sync(loss, grads, deltas, signals)
 
-    def _update_fn(self, grads):
-        self._optimizer.apply(grads, self._variables)
+    def _update_fn(self, grads, finite=None):
+        if self._sharded is not None:
+            self._sharded.apply(grads, finite)
+        else:
+            self._optimizer.apply(grads, self._variables)
 
     # ---- cross replica (the compiled entry points) --------------------------
 
@@ -353,6 +422,13 @@ class TrainStep:
             # own gradient accumulation fails the same way,
             # keras-team/keras#20582): the `cond` is at this level.
             finite = self._local(finite)
+            if self._sharded is not None:
+                # Its gather cannot sit in a cond: it keeps the old values
+                # itself (`zero.ShardedOptimizer.apply`).
+                self._apply(grads, finite)
+                self._loss_scale.update(finite)
+                return tf.concat(
+                    [control, [1.0 - tf.cast(finite, tf.float32)]], axis=0)
 
             def update():
                 self._apply(grads)
@@ -380,8 +456,8 @@ class TrainStep:
         return self._strategy.run(self._replica_sync,
                                   args=(loss, grads, deltas, signals))
 
-    def _apply(self, grads):
-        self._strategy.run(self._update, args=(grads,))
+    def _apply(self, grads, finite=None):
+        self._strategy.run(self._update, args=(grads, finite))
 
     def metric_results(self):
         """{name: value} of every metric (read in the same dispatch)."""

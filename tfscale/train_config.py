@@ -53,6 +53,12 @@ class TrainConfig:
             others run `steps_per_execution` at a time.
         verbose: 0 silent, 1 progress bar, 2 one line per log interval (the
             chief only in every case).
+        shard_optimizer_state: ZeRO stage 1 (`zero.py`): each of N workers
+            keeps the optimizer slots of 1/N of the weights; gradients are
+            reduce-scattered and the new weights all-gathered (no more
+            bytes than the all-reduce). SGD, Adam/AdamW and LAMB; one
+            replica per worker; a no-op with one. Checkpoints keep the
+            unsharded layout (resume on any worker count, either way).
         noise_scale: How the gradient noise scale (the critical batch
             estimate) is measured in the step; `NoiseScaleConfig(mode="off")`
             switches it off. See `noise_scale.py`.
@@ -74,6 +80,7 @@ class TrainConfig:
     steps_per_execution: int = 1
     timed_steps_per_log: int = 4
     verbose: int = 2
+    shard_optimizer_state: bool = False
     noise_scale: NoiseScaleConfig = NoiseScaleConfig()
 
     def __post_init__(self):

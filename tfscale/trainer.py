@@ -21,6 +21,7 @@ import tempfile
 from typing import Callable, Optional, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -30,8 +31,10 @@ from tfscale import checkpointing
 from tfscale import collectives as collectives_lib
 from tfscale import fail_fast
 from tfscale import fit_arguments
+from tfscale import memory
 from tfscale import noise_scale as noise_lib
 from tfscale import precision as precision_lib
+from tfscale import zero
 from tfscale.errors import ConfigError
 from tfscale.preemption import Preempted, SignalWatch
 from tfscale.replica_feed import (InputPipelineError, ReplicaFeed,
@@ -66,18 +69,21 @@ def _check_fits(model, config: TrainConfig, replicas: int) -> None:
             "tfscale.precision.set_precision before building the model")
 
 
-def _unwrap_and_scale(model, optimizer, strategy, config: TrainConfig):
+def _unwrap_and_scale(model, optimizer, strategy, config: TrainConfig,
+                      build: bool = True):
     """(the optimizer the Trainer updates with, built; fp16's loss scale or
     None). A keras.optimizers.LossScaleOptimizer (what `compile` makes under
     a mixed_float16 policy) gives its inner optimizer: the Trainer scales
     the loss itself, after the all-reduce. Loss scaling follows the model's
-    dtype policy (or such a wrapper), whatever built it."""
+    dtype policy (or such a wrapper), whatever built it. Not built when
+    `build` is False (its sharded update keeps the slots: `zero.py`)."""
     inner = getattr(optimizer, "inner_optimizer", None)
     scaled = (precision_lib.needs_loss_scaling(model.dtype_policy.name)
               or inner is not None)
     optimizer = inner if inner is not None else optimizer
     with strategy.scope():
-        optimizer.build(model.trainable_variables)
+        if build:
+            optimizer.build(model.trainable_variables)
         loss_scale = _loss_scale(config) if scaled else None
     return optimizer, loss_scale
 
@@ -134,8 +140,12 @@ class Trainer:
                             if isinstance(backend, str) else backend)
         divisor = self.collectives.num_replicas * config.num_accumulation_steps
         _check_fits(model, config, self.collectives.num_replicas)
-        optimizer, self.loss_scale = _unwrap_and_scale(model, optimizer,
-                                                       strategy, config)
+        shards = (config.shard_optimizer_state
+                  and self.collectives.num_replicas > 1)
+        optimizer, self.loss_scale = _unwrap_and_scale(
+            model, optimizer, strategy, config, build=not shards)
+        self._sharded = (self._shard(optimizer, model, strategy, config)
+                         if shards else None)
         self.model = model
         self.optimizer = optimizer
         self.strategy = strategy
@@ -160,7 +170,7 @@ class Trainer:
             metrics=self.metrics, strategy=strategy,
             collectives=self.collectives, config=config,
             feed=lambda iterator, k: self._feed.take(iterator, k),
-            loss_scale=self.loss_scale)
+            loss_scale=self.loss_scale, sharded=self._sharded)
         # The gradient noise scale's running estimates (noise_scale.py).
         self.noise_scale = (
             noise_lib.NoiseScale(config.noise_scale,
@@ -182,6 +192,57 @@ class Trainer:
         self._verbose = config.verbose
         self._keeper = (self._make_keeper() if config.checkpoint_dir
                         else None)
+
+    def _shard(self, optimizer, model, strategy, config):
+        """The sharded update of `shard_optimizer_state` (`zero.py`).
+
+        Raises:
+            ConfigError: The preconditioned noise scale (it reads every
+                variable's second moments), or what `zero.py` refuses.
+        """
+        if config.noise_scale.mode == "preconditioned":
+            raise ConfigError(
+                "shard_optimizer_state", "the preconditioned noise scale "
+                "reads every variable's second moments, which a sharded "
+                "optimizer holds 1/N of: use noise_scale mode 'plain'")
+        return zero.sharded_optimizer(
+            optimizer, model.trainable_variables, self.collectives,
+            strategy, jit_compile=config.jit_compile or config.compile_update)
+
+    @property
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer slots this worker holds (moments, momentum;
+        not the step count or the rate): the Keras optimizer's own (none
+        when sharded: it is never built) and the sharded update's."""
+        own = {id(self.optimizer.iterations),
+               id(getattr(self.optimizer, "_learning_rate", None))}
+        held = sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
+                   for v in self.optimizer.variables if id(v) not in own)
+        if self._sharded is not None:
+            held += self._sharded.state_bytes
+        return held
+
+    def memory_summary(self) -> dict:
+        """What each worker holds and sends (summary.json): the optimizer
+        slots' bytes, every worker's peak resident memory (a collective:
+        every worker calls it), and the bytes a worker sends per step for
+        the gradients (and, sharded, the weights) against a ring
+        all-reduce of the gradients."""
+        peak = memory.peak_resident_bytes() or 0
+        peaks = [int(self.collectives.agree(
+            float(peak) if i == self.worker_index else 0.0))
+            for i in range(self.num_workers)]
+        n = self.collectives.num_replicas
+        params = sum(int(np.prod(v.shape))
+                     for v in self.model.trainable_variables)
+        all_reduce = int(2 * (n - 1) / n * 4 * params)
+        sent = (self._sharded.wire_bytes()["sharded"]
+                if self._sharded is not None else all_reduce)
+        return {"shard_optimizer_state": self._sharded is not None,
+                "optimizer_state_bytes_per_worker": self.optimizer_state_bytes,
+                "peak_resident_bytes": peaks,
+                "gradient_bytes_sent_per_step": sent,
+                "all_reduce_bytes_sent_per_step": all_reduce}
 
     def _find_adascale(self, optimizer):
         """The optimizer's AdaScale schedule, or None; it needs the plain
@@ -211,8 +272,10 @@ class Trainer:
         loss scale, metrics, input position and order, noise scale,
         AdaScale)."""
         position = self.position
+        optimizer = (self._sharded.checkpoint_view()
+                     if self._sharded is not None else self.optimizer)
         trackables = checkpointing.training_trackables(
-            self.model, self.optimizer, position.step,
+            self.model, optimizer, position.step,
             loss_scale=self.loss_scale, metrics=self.metrics,
             input_position=position.input_position,
             input_order=position.input_order,
@@ -734,7 +797,14 @@ class Trainer:
             # (Every worker takes the same branch: the step is agreed.)
             if self.noise_scale is not None:
                 self.noise_scale.store()
-            path = self._keeper.save(step)
+            if self._sharded is not None:
+                # The slots whole, in the unsharded layout (a collective).
+                self._sharded.gather_slots()
+            try:
+                path = self._keeper.save(step)
+            finally:
+                if self._sharded is not None:
+                    self._sharded.release_slots()
             self._saved_step = step
             if path:
                 self.checkpoint_path = path

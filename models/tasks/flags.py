@@ -46,6 +46,11 @@ JOB_FLAG_TABLE = (
     ("optimizer", "float", "weight_decay", "Weight decay rate.", None),
     ("optimizer", "float", "clip_global_norm", "Global-norm clip (0: none).",
      None),
+    ("optimizer", "bool", "shard_optimizer_state", "ZeRO stage 1: each of "
+     "N workers keeps the optimizer slots (moments, momentum) of 1/N of the "
+     "weights; gradients reduce-scattered, weights all-gathered, no more "
+     "bytes than the all-reduce; checkpoints unchanged (docs/memory.md).",
+     None),
     ("optimizer", "integer", "seed", "Seed of weights, dropout, shuffling and "
      "augmentation.", None),
     ("numerics", "enum", "precision", "Precision.",
@@ -203,6 +208,7 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
         num_accumulation_steps=values.num_accumulation_steps,
         jit_compile=values.xla, xla_gemm=values.xla_gemm,
         clip_global_norm=values.clip_global_norm or None,
+        shard_optimizer_state=values.shard_optimizer_state,
         precision=precision,
         checkpoint_dir=os.path.join(values.output_dir, "checkpoints"),
         save_checkpoints_steps=values.save_checkpoints_steps,

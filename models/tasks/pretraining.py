@@ -48,6 +48,9 @@ class PretrainingConfig(RecordsJobConfig):
             at the end, with Google's names (NVIDIA's sub-model export,
             `<model_dir>/pretrained/bert_model.ckpt-1`, which its phase-2
             command reads as --init_checkpoint); None: not written.
+        recompute_activations: Each transformer layer's forward runs again
+            in the backward pass instead of keeping its activations
+            (`bert.BertEncoder`).
     """
 
     model: BertConfig
@@ -58,6 +61,7 @@ class PretrainingConfig(RecordsJobConfig):
     dllog_path: Optional[str] = None
     list_variables: bool = False
     pretrained_prefix: Optional[str] = None
+    recompute_activations: bool = False
 
     @property
     def num_train_steps(self) -> int:
@@ -102,9 +106,10 @@ class Pretraining(RecordsTask):
     def build(self) -> jobs.Built:
         config = self.config
         with jobs.blame("max_seq_length", ValueError):
-            model = bert.make_pretrainer(config.model,
-                                         config.spec.max_seq_length,
-                                         config.spec.max_predictions_per_seq)
+            model = bert.make_pretrainer(
+                config.model, config.spec.max_seq_length,
+                config.spec.max_predictions_per_seq,
+                recompute_activations=config.recompute_activations)
         return jobs.Built(model, bert.pretraining_loss,
                           bert.pretraining_metrics())
 

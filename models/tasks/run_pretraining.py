@@ -74,6 +74,7 @@ define_job_flags(
                   num_warmup_steps=100, lr_schedule="polynomial",
                   lr_scaling="none", reference_batch_size=0,
                   optimizer="lamb", weight_decay=0.01, clip_global_norm=1.0,
+                  shard_optimizer_state=False,
                   seed=12345, precision="float32", xla=False,
                   xla_gemm="cublas",
                   deterministic=False, do_train=True, eval_batch_size=32,
@@ -85,6 +86,11 @@ define_job_flags(
                          "eval_results.txt, summary.json."})
 
 define_cluster_flags(flags, **SPEED)
+flags.DEFINE_bool("recompute_activations", False, "Keep only each "
+                  "transformer layer's input for the backward pass and run "
+                  "the layer's forward again there (tf.recompute_grad): "
+                  "activation memory of one layer instead of all, for about "
+                  "one more forward pass (docs/memory.md).", **SPEED)
 
 flags.DEFINE_bool("do_eval", False,
                   "Evaluate at the end, on --eval_input_file or else on "
@@ -271,7 +277,8 @@ def config_from_flags():
             pretrained_prefix=(os.path.join(FLAGS.output_dir,
                                             nvidia_flags.PRETRAINED_PREFIX)
                                if reading.dialect == "nvidia" else None),
-            list_variables=FLAGS.verbose_logging)
+            list_variables=FLAGS.verbose_logging,
+            recompute_activations=FLAGS.recompute_activations)
     except ValueError as e:
         flags_lib.fail_on_config("run_pretraining", e, FLAGS)
 

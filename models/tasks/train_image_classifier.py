@@ -51,6 +51,7 @@ define_job_flags(
                   num_warmup_steps=100, lr_schedule="cosine",
                   lr_scaling="linear", reference_batch_size=256,
                   optimizer="sgd", weight_decay=1e-4, clip_global_norm=0.0,
+                  shard_optimizer_state=False,
                   seed=12345, precision="float32", xla=False,
                   xla_gemm="cublas",
                   deterministic=False, do_train=True, eval_batch_size=256,

@@ -71,7 +71,7 @@ def make_data(n=512, seed=0):
 def main(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--optimizer", default="sgd", choices=["sgd", "lamb"])
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw", "lamb"])
     p.add_argument("--global_batch", type=int, default=32)
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--steps", type=int, default=6)
@@ -81,6 +81,8 @@ def main(argv):
                    help="> 1: calls of up to this many steps (log every 12, "
                         "1 timed step per log)")
     p.add_argument("--clip", type=float, default=None)
+    p.add_argument("--shard", action="store_true",
+                   help="TrainConfig(shard_optimizer_state=True)")
     p.add_argument("--checkpoint_dir", default=None)
     p.add_argument("--save_steps", type=int, default=0)
     p.add_argument("--model_checkpoint", default=None)
@@ -138,6 +140,9 @@ def main(argv):
             keras.layers.Dense(2)])
         if args.optimizer == "sgd":
             optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+        elif args.optimizer == "adamw":
+            optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.05)
+            optimizer.exclude_from_weight_decay(var_names=["bias"])
         else:
             optimizer = Lamb(0.01, weight_decay_rate=0.01)
         metrics = [keras.metrics.MeanAbsoluteError(name="mae")]
@@ -151,7 +156,8 @@ def main(argv):
         save_checkpoints_steps=args.save_steps,
         log_steps=12 if args.steps_per_execution > 1 else 2,
         timed_steps_per_log=1 if args.steps_per_execution > 1 else 4,
-        steps_per_execution=args.steps_per_execution, verbose=2)
+        steps_per_execution=args.steps_per_execution, verbose=2,
+        shard_optimizer_state=args.shard)
     trainer = trainer_lib.Trainer(
         model=model, optimizer=optimizer,
         loss_fn=keras.losses.MeanSquaredError(), strategy=strategy,
