@@ -68,7 +68,7 @@ def make_optimizer(kind, variables):
     return opt
 
 
-def make_variables(tag):
+def make_variables():
     rng = np.random.RandomState(1)
     return [keras.Variable(rng.randn(*s).astype("float32"),
                            name="bias" if len(s) == 1 else f"kernel_{i}")
@@ -78,7 +78,7 @@ def make_variables(tag):
 def sharded_steps(kind, n, grads_per_step):
     """The sharded update of n workers, simulated: each shard's arithmetic,
     then the sums (LAMB's norms) and the gather done here."""
-    variables = make_variables("sharded")
+    variables = make_variables()
     optimizer = make_optimizer(kind, variables)
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     # XLA-compiled, as the Trainer compiles both updates (compile_update).
@@ -103,7 +103,7 @@ def sharded_steps(kind, n, grads_per_step):
 
 
 def keras_steps(kind, grads_per_step):
-    variables = make_variables("keras")
+    variables = make_variables()
     optimizer = make_optimizer(kind, variables)
     optimizer.build(variables)
     apply = tf.function(lambda grads: optimizer.apply(grads, variables),
@@ -161,7 +161,7 @@ def test_checkpoint_is_the_unsharded_layout_both_ways(kind, tmp_path):
     written = tf.train.Checkpoint(optimizer=optimizer).write(
         str(tmp_path / "plain"))
     # An unsharded checkpoint restored into shard 1 of 3 keeps its slice.
-    variables = make_variables("restore")
+    variables = make_variables()
     shard = zero.ShardedOptimizer(make_optimizer(kind, variables), variables,
                                   FakeCollectives(3, 1),
                                   tf.distribute.OneDeviceStrategy("/cpu:0"))
@@ -180,7 +180,7 @@ def test_checkpoint_is_the_unsharded_layout_both_ways(kind, tmp_path):
     view = shards[0].checkpoint_view()
     path = tf.train.Checkpoint(optimizer=view).write(str(tmp_path / "shard"))
     assert checkpoint_keys(path) == checkpoint_keys(written)
-    fresh_vars = make_variables("fresh")
+    fresh_vars = make_variables()
     fresh = make_optimizer(kind, fresh_vars)
     fresh.build(fresh_vars)
     tf.train.Checkpoint(optimizer=fresh).restore(path).expect_partial()
