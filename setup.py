@@ -38,6 +38,9 @@ setup(
         "and-cuda": ["tensorflow[and-cuda]==2.21.0"],
         "text": ["tensorflow-text==2.21.1"],
         "plot": ["matplotlib>=3.8"],
+        # benchmarks/time_to_accuracy.py --task digits: scikit-learn ships
+        # the data set.
+        "studies": ["scikit-learn>=1.5", "matplotlib>=3.8"],
         # benchmarks/fit_comparison.py (legacy Keras 2).
         "bench": ["tf_keras==2.21.0"],
         # The MPI backend (tfscale/mpi.py): mpi4py and Open MPI's runtime

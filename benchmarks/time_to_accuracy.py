@@ -1,6 +1,6 @@
 r"""Time to accuracy: what each global batch costs in steps and examples.
 
-    python -m benchmarks.time_to_accuracy --task fashion_mnist      # ~1 h
+    python -m benchmarks.time_to_accuracy --task fashion_mnist      # ~30 min
     python -m benchmarks.time_to_accuracy --task bert_tiny \
         --records='runs/demo/records/train-*.tfrecord'              # make demo
 
@@ -12,8 +12,9 @@ as 2 workers; two micro-batches also let the Trainer measure the gradient
 noise scale). For each optimizer (SGD with momentum, AdamW, LAMB; linear
 warmup, then constant) and global batch (powers of 4), a small
 learning-rate search (3 rates a factor 3 apart, and up to 2 more outward
-when the best is at the grid's edge; one seed, a second at the batch
-nearest the knee) runs until the target is reached or an example cap. The best rate
+when the best is at the grid's edge; one seed; a second for every rate of a
+tie, which the sum over both seeds breaks, and at the batch nearest the
+knee) runs until the target is reached or an example cap. The best rate
 per batch gives steps S and examples E to the target; a fit of
 S = S_min (1 + B_crit / B) gives S_min, E_min = S_min B_crit and B_crit
 (McCandlish et al. 2018), with the range of leave-one-batch-out fits, against
@@ -21,11 +22,13 @@ the B_simple the Trainer measured in the same runs: at every evaluation
 (with its 95% interval, and whether its EMA window had filled), so B_simple
 at the target and along the run can both be set against B_crit. SGD runs
 measure the plain noise scale; AdamW and LAMB the preconditioned one (the
-direction they move in).
+direction they move in). The noise scale's window is WINDOW_EXAMPLES
+examples at every batch, so the large batches fill it too.
 
-A study's definition (task, data and its fingerprint, target, model,
-warmup, caps, noise-scale modes, the study's version and tfscale's) has a
-digest; its runs go to `benchmarks/results/time_to_accuracy_<study>-<digest>
+A study's definition (`Study.definition`: the data's content, target, the
+model in words and its code, the optimizers' settings and rate grid, the
+data pipeline's and evaluation's code, the seeds, the window, the library
+versions) has a digest; its runs go to `benchmarks/results/time_to_accuracy_<study>-<digest>
 .jsonl` (one line per run, each with the definition's digest and the git
 commit it ran on), and the markdown and plot next to it are built from that
 file alone. A rerun reuses only runs of the same digest; another data
@@ -36,7 +39,9 @@ BERT-tiny masked-LM on the demo corpus's records, the last shard held out.
 
 import argparse
 import dataclasses
+import fcntl
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -52,7 +57,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from input_pipelines import idx  # noqa: E402
-from tfscale import jobs  # noqa: E402
+from tfscale import jobs, noise_scale  # noqa: E402
 from tfscale.cluster import ClusterConfig  # noqa: E402
 from tfscale.noise_scale import NoiseScaleConfig  # noqa: E402
 from tfscale.optim import OptimConfig  # noqa: E402
@@ -64,13 +69,45 @@ RATE_STEPS = (1 / 3, 1.0, 3.0)  # around the centre of the linear/sqrt rules
 MAX_STEPS = 15_000  # a run's step cap, whatever its examples cap
 EXTRA_RATES = 2  # rates tried beyond the grid's edge, when the best is there
 GIVE_UP = 3  # a run stops at this many times its batch's best examples
-# Bumped when what a run measures or how changes (2: B_simple along the run
-# with its interval; the preconditioned noise scale for AdamW and LAMB; 3:
-# the preconditioned one counts from Adam's 100th update, SETTLE_UPDATES).
-STUDY_VERSION = 3
+SEEDS = (1, 2)  # the first for every run; the second for ties and the knee
 NOISE_MODES = {"sgd": "plain", "adamw": "preconditioned",
                "lamb": "preconditioned"}
-SETTLED_STEPS = 500  # 5 windows of the noise scale's 100-step EMA
+# The noise scale's window in examples, whatever the batch: its EMA decay is
+# 1 - batch / WINDOW_EXAMPLES (a window of 100 steps at batch 64, 25 at
+# 256, 6 at 1,024), so runs at every batch average the same number of
+# examples, and runs long enough in examples fill it (with a window fixed at
+# 100 steps, the large batches reached the target before it filled).
+WINDOW_EXAMPLES = 6_400
+SETTLED_WINDOWS = 5  # a settled run has averaged 5 windows (noise_scale.py)
+# The code that defines what a run trains and measures, beside the study's
+# own functions: the optimizers and their schedules (files), and the noise
+# scale's estimator (its functions and classes, not the module: the advice
+# in it is built from this study's results).
+CODE_FILES = ("tfscale/optim/factory.py", "tfscale/optim/lamb.py",
+              "tfscale/optim/schedules.py")
+ESTIMATOR = (noise_scale.squared_norms, noise_scale.Preconditioner,
+             noise_scale.Estimate, noise_scale.fieller,
+             noise_scale.t_quantile, noise_scale.estimate_from_means,
+             noise_scale.effective_steps, noise_scale.step_estimates,
+             noise_scale.NoiseScale)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def noise_decay(batch: int) -> float:
+    """The EMA decay of a window of WINDOW_EXAMPLES examples at `batch`."""
+    return max(0.0, 1.0 - batch / WINDOW_EXAMPLES)
+
+
+def window_steps(batch: int) -> int:
+    """That window in steps (`NoiseScale.window`)."""
+    decay = noise_decay(batch)
+    return max(1, round(1 / (1 - decay)))
+
+
+def optimizer_settings(optimizer: str) -> dict:
+    """Every OptimConfig setting of a run but its rate and step counts."""
+    return {"optimizer": optimizer, "schedule": "constant",
+            "weight_decay": 1e-4 if optimizer != "lamb" else 0.01}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +127,13 @@ class Study:
         evaluation_growth: Evaluations every step up to 20, then each this
             factor after the last (the steps to the target are known to it).
         data: {"fingerprint": sha256 of the data files, "files": their
-            names} (the folder they were read from is recorded beside,
-            not part of the definition: the same bytes elsewhere are the
-            same study).
-        model: The model, in words (part of the definition).
+            names} (the folder they were read from is `source`, not part
+            of the definition: the same bytes elsewhere are the same study).
+        model: The model, in words (part of the definition, beside the
+            source of `build_model`).
+        source: The folder or pattern the data was read from.
+        code_files: Files whose content defines the model (beside
+            CODE_FILES).
     """
 
     name: str
@@ -112,23 +152,71 @@ class Study:
     evaluation_growth: float = 1.05
     data: dict = dataclasses.field(default_factory=dict)
     model: str = ""
+    source: str = ""
+    code_files: tuple = ()
+
+    @property
+    def data_label(self) -> str:
+        """The data as read: its folder (or pattern) and fingerprint."""
+        return (f"{self.source or '?'} (sha256 "
+                f"{self.data.get('fingerprint', '?')[:12]})")
 
     def definition(self) -> dict:
-        """Everything that defines the study's runs, for its digest."""
-        from tfscale import __version__
-        return {"study": self.name, "version": STUDY_VERSION,
-                "tfscale": __version__, "data": self.data,
+        """Everything that defines the study's runs, for its digest: the
+        data's content, the target, the model (in words, its builder's
+        source and its modules' content), the optimizers' settings and
+        rate grid, the data pipeline's and the evaluation's code, the
+        seeds, the noise scale's window, and the library versions."""
+        return {"study": self.name, "data": self.data,
                 "target": self.target, "metric": self.metric,
-                "model": self.model, "reference_batch": self.reference_batch,
+                "higher_is_better": self.higher_is_better,
+                "model": self.model,
+                "code": {
+                    "build_model": source_digest(self.build_model),
+                    "loss": source_digest(self.loss_fn),
+                    "dataset": source_digest(self.dataset_fn),
+                    "evaluate": source_digest(self.evaluate),
+                    "until_target": source_digest(UntilTarget),
+                    "evaluation_steps": source_digest(evaluation_steps),
+                    "run_one": source_digest(run_one),
+                    "estimator": [source_digest(x) for x in ESTIMATOR],
+                    "files": {path: file_digest(path) for path in
+                              sorted(CODE_FILES + tuple(self.code_files))}},
+                "optimizers": {o: optimizer_settings(o)
+                               for o in sorted(self.base_rates)},
+                "base_rates": self.base_rates,
+                "reference_batch": self.reference_batch,
+                "batches": list(self.batches),
+                "rate_grid": {"steps": list(RATE_STEPS),
+                              "extra": EXTRA_RATES, "give_up": GIVE_UP,
+                              "rule": "base * (batch / reference) ** 0.75"},
+                "seeds": list(SEEDS),
                 "warmup_examples": self.warmup_examples,
                 "cap_examples": self.cap_examples, "max_steps": MAX_STEPS,
-                "noise_modes": NOISE_MODES, "noise_decay": 0.99,
-                "accumulation": 2, "schedule": "constant after warmup",
-                "evaluation_growth": self.evaluation_growth}
+                "noise_modes": NOISE_MODES,
+                "window_examples": WINDOW_EXAMPLES, "accumulation": 2,
+                "evaluation_growth": self.evaluation_growth,
+                "versions": {"tensorflow": tf.__version__,
+                             "keras": keras.__version__}}
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(
             self.definition(), sort_keys=True).encode()).hexdigest()[:10]
+
+
+def source_digest(thing) -> str:
+    """sha256 of a function's or class's source (a loss object: its
+    class's source and config)."""
+    if not (inspect.isfunction(thing) or inspect.isclass(thing)):
+        config = getattr(thing, "get_config", lambda: {})()
+        return hashlib.sha256((inspect.getsource(type(thing)) + json.dumps(
+            config, sort_keys=True, default=str)).encode()).hexdigest()
+    return hashlib.sha256(inspect.getsource(thing).encode()).hexdigest()
+
+
+def file_digest(path: str) -> str:
+    """sha256 of a file of the repository (path relative to its root)."""
+    return fingerprint([os.path.join(ROOT, path)])
 
 
 def fingerprint(paths) -> str:
@@ -198,7 +286,60 @@ def fashion_task(directory: str, target: float) -> Study:
         dataset_fn=dataset_fn, evaluate=evaluate,
         data=_data([os.path.join(directory, name) for name in sorted(
             os.listdir(directory)) if "idx" in name]),
-        model="MLP 784-256-10, relu, from logits")
+        model="MLP 784-256-10, relu, from logits",
+        source=os.path.abspath(directory))
+
+
+# ---- scikit-learn's digits ---------------------------------------------------------
+
+
+def digits_task(target: float) -> Study:
+    """The 1,797 8x8 handwritten digits scikit-learn ships (UCI's optical
+    digits test set): a second real image set for the same kind of model,
+    500 of them held out (a fixed permutation)."""
+    try:
+        from sklearn import datasets
+    except ImportError as e:
+        raise SystemExit("--task digits: needs scikit-learn (pip install "
+                         "scikit-learn)") from e
+    path = os.path.join(os.path.dirname(datasets.__file__), "data",
+                        "digits.csv.gz")
+    digits = datasets.load_digits()
+    order = np.random.RandomState(0).permutation(len(digits.target))
+    x = (digits.data[order] / 16.0).astype(np.float32)
+    y = digits.target[order].astype(np.int64)
+    train_x, train_y, test_x, test_y = x[500:], y[500:], x[:500], y[:500]
+
+    def build_model():
+        return keras.Sequential([
+            keras.Input((64,)),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(10)])
+
+    def dataset_fn(per_replica_batch, seed):
+        def make(context):
+            ds = tf.data.Dataset.from_tensor_slices((train_x, train_y))
+            ds = ds.shuffle(len(train_y), seed=seed,
+                            reshuffle_each_iteration=True).repeat()
+            return ds.batch(per_replica_batch, drop_remainder=True)
+        return make
+
+    def evaluate(model):
+        logits = model(test_x, training=False)
+        predicted = tf.argmax(logits, axis=1).numpy()
+        return float(np.mean(predicted == test_y))
+
+    return Study(
+        name="digits", batches=(16, 64, 256, 1024),
+        reference_batch=256,
+        base_rates={"sgd": 0.05, "adamw": 1e-3, "lamb": 4e-3},
+        target=target, higher_is_better=True,
+        metric="test accuracy", cap_examples=1_500_000,
+        warmup_examples=5_000, build_model=build_model,
+        loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        dataset_fn=dataset_fn, evaluate=evaluate,
+        data=_data([path]), model="MLP 64-128-10, relu, from logits",
+        source=path)
 
 
 # ---- BERT-tiny masked LM -----------------------------------------------------------
@@ -248,7 +389,10 @@ def bert_task(records: str, bert_config: str, target: float) -> Study:
         build_model=build_model, loss_fn=bert.pretraining_loss,
         dataset_fn=dataset_fn, evaluate=evaluate, evaluation_growth=1.1,
         data=_data(files + [bert_config]),
-        model=f"BERT pretrainer {json.dumps(dataclasses.asdict(config), sort_keys=True)}, seq 64, 10 predictions")
+        model=f"BERT pretrainer {json.dumps(dataclasses.asdict(config), sort_keys=True)}, seq 64, 10 predictions",
+        source=records,
+        code_files=("models/bert.py", "models/bert_config.py",
+                    "input_pipelines/bert_records.py"))
 
 
 # ---- one run ----------------------------------------------------------------------
@@ -337,9 +481,8 @@ def run_one(study: Study, optimizer: str, batch: int, rate: float,
     with tempfile.TemporaryDirectory(prefix="tta-") as output_dir:
         run = StudyRun(jobs.JobConfig(
             optim=OptimConfig(
-                optimizer=optimizer, learning_rate=rate, schedule="constant",
-                warmup_steps=warmup, total_steps=cap_steps,
-                weight_decay=1e-4 if optimizer != "lamb" else 0.01),
+                learning_rate=rate, warmup_steps=warmup, total_steps=cap_steps,
+                **optimizer_settings(optimizer)),
             cluster=ClusterConfig(),
             train=TrainConfig(
                 global_batch_size=batch, num_accumulation_steps=2,
@@ -347,7 +490,7 @@ def run_one(study: Study, optimizer: str, batch: int, rate: float,
                 checkpoint_dir=os.path.join(output_dir, "checkpoints"),
                 save_checkpoints_steps=10**9,
                 noise_scale=NoiseScaleConfig(mode=NOISE_MODES[optimizer],
-                                             decay=0.99)),
+                                             decay=noise_decay(batch))),
             output_dir=output_dir, seed=seed), study, cap_steps)
         start = time.perf_counter()
         jobs.run(run)
@@ -362,11 +505,26 @@ def run_one(study: Study, optimizer: str, batch: int, rate: float,
             "b_simple": at.get("b_simple"),
             "b_simple_interval": [at.get("low"), at.get("high")] if at else None,
             "b_simple_warmed_up": at.get("warmed_up"),
+            "b_simple_steps_averaged": at.get("steps_averaged"),
+            "window_steps": window_steps(batch),
             "trajectory": until.trajectory, "last_value": until.last_value,
             "steps_run": until.step, "seconds": time.perf_counter() - start}
 
 
 # ---- the sweep and its analysis -------------------------------------------------
+
+
+def append_result(path: str, result: dict) -> None:
+    """One run's line, appended under an exclusive lock: studies of the same
+    definition may run side by side (one per optimizer) into one file."""
+    line = json.dumps(result) + "\n"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            f.write(line)
+            f.flush()
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def rates_for(study: Study, optimizer: str, batch: int) -> List[float]:
@@ -396,14 +554,39 @@ def load_results(path: str, digest: str) -> List[dict]:
 
 def best_per_batch(results: List[dict], optimizer: str, seed: int = 1
                    ) -> dict:
-    """{batch: the fastest run that reached the target}."""
+    """{batch: the tuned run}: the fastest of `seed`'s runs that reached the
+    target; where several rates tie, the one with the fewest steps summed
+    over every seed that ran all the tied rates (`tied_rates` lists the
+    ties; a tie that the second seed also leaves is broken by the lower
+    rate)."""
     best = {}
-    for r in results:
-        if r["optimizer"] != optimizer or not r["reached"] or r["seed"] != seed:
+    for batch in sorted({r["batch"] for r in results
+                         if r["optimizer"] == optimizer}):
+        runs = [r for r in results if r["optimizer"] == optimizer
+                and r["batch"] == batch and r["reached"]]
+        first = [r for r in runs if r["seed"] == seed]
+        if not first:
             continue
-        if r["batch"] not in best or r["steps"] < best[r["batch"]]["steps"]:
-            best[r["batch"]] = r
+        fewest = min(r["steps"] for r in first)
+        tied = sorted((r for r in first if r["steps"] == fewest),
+                      key=lambda r: r["rate"])
+
+        def total(run):
+            return sum(r["steps"] for r in runs if r["rate"] == run["rate"])
+        counted = [r for r in tied if all(
+            any(x["rate"] == r["rate"] and x["seed"] != seed for x in runs)
+            for r in tied)]
+        chosen = min(counted or tied[:1], key=total)
+        best[batch] = dict(chosen, tied_rates=[r["rate"] for r in tied])
     return best
+
+
+def ties(results: List[dict], optimizer: str) -> List[tuple]:
+    """(batch, rate) of every rate that ties for the fewest steps at its
+    batch (seed 1), when more than one does: each needs the second seed."""
+    return [(batch, rate) for batch, run in
+            best_per_batch(results, optimizer).items()
+            if len(run["tied_rates"]) > 1 for rate in run["tied_rates"]]
 
 
 def fit_curve(batches, steps) -> Optional[tuple]:
@@ -443,6 +626,23 @@ def _interval(run: dict) -> str:
     return f" ({low:,.0f}-{high:,.0f})" if high else f" (>= {low:,.0f})"
 
 
+def settled(run: dict) -> bool:
+    """The run's B_simple at the target averaged SETTLED_WINDOWS windows
+    and its interval is bounded: what the closing advice needs before it
+    prices anything (`noise_scale._advice`). A window of 2 steps, batch
+    4,096's, has n_eff under 3 and no interval at all."""
+    interval = run.get("b_simple_interval") or [None, None]
+    return bool(run.get("b_simple_steps_averaged") and run.get("window_steps")
+                and run["b_simple_steps_averaged"]
+                >= SETTLED_WINDOWS * run["window_steps"]
+                and interval[0] is not None and interval[1] is not None)
+
+
+def _mark(run: dict) -> str:
+    return ("w" if not run.get("b_simple_warmed_up")
+            else "s" if settled(run) else "")
+
+
 def along_the_run(run: dict, fractions=(0.25, 0.5, 0.75, 1.0)) -> str:
     """B_simple at the evaluations nearest these fractions of the steps to
     the target ("w" marks a value whose window had not filled)."""
@@ -463,11 +663,14 @@ def analyse(study: Study, results: List[dict], plot_path: str) -> str:
     """The markdown section: per optimizer the tuned runs, the fit with its
     leave-one-out range, B_simple at the target and along the run, and
     what the ratio B_crit / B_simple spans."""
-    lines = [f"Target: {study.metric} {'>=' if study.higher_is_better else '<='}"
-             f" {study.target}. Definition {study.digest()}; runs: "
-             f"{len(results)}. B_simple: SGD plain, AdamW and LAMB "
-             "preconditioned; 'w' marks a value whose 100-step window had "
-             "not filled.", ""]
+    lines = [f"Data: {study.data_label}. Target: {study.metric} "
+             f"{'>=' if study.higher_is_better else '<='} {study.target}. "
+             f"Definition {study.digest()}; runs: {len(results)}. B_simple: "
+             "SGD plain, AdamW and LAMB preconditioned, over a window of "
+             f"{WINDOW_EXAMPLES:,} examples (EMA decay 1 - batch / "
+             f"{WINDOW_EXAMPLES:,}); 'w' marks a value whose window had not "
+             f"filled, 's' one whose run had averaged {SETTLED_WINDOWS} "
+             "windows with a bounded interval (settled).", ""]
     fits, ratios, ranges = {}, [], {}
     for optimizer in [o for o in OPTIMIZERS
                       if any(r["optimizer"] == o for r in results)]:
@@ -510,44 +713,70 @@ def analyse(study: Study, results: List[dict], plot_path: str) -> str:
             ratio = ""
             if fit and r["b_simple"]:
                 ratio = f"{fit[1] / r['b_simple']:.2f}"
-                if r.get("b_simple_warmed_up"):
-                    ratios.append((optimizer, b, fit[1] / r["b_simple"],
-                                   (loo or (fit[1], fit[1]))[0] / r["b_simple"],
-                                   (loo or (fit[1], fit[1]))[1] / r["b_simple"]))
-            b_simple = (f"{r['b_simple']:,.0f}"
-                        f"{'' if r.get('b_simple_warmed_up') else 'w'}"
-                        f"{_interval(r)}" if r["b_simple"] else "")
+            # Every seed's run at the tuned rate counts in the ranges.
+            for x in [x for x in results if x["optimizer"] == optimizer
+                      and (x["batch"], x["rate"]) == (b, r["rate"])
+                      and x["reached"]]:
+                if fit and x["b_simple"] and x.get("b_simple_warmed_up"):
+                    low, high = loo or (fit[1], fit[1])
+                    ratios.append((optimizer, b, fit[1] / x["b_simple"],
+                                   low / x["b_simple"], high / x["b_simple"],
+                                   settled(x)))
+            b_simple = (f"{r['b_simple']:,.0f}{_mark(r)}{_interval(r)}"
+                        if r["b_simple"] else "")
+            rate = f"{r['rate']:.3g}" + (
+                " (tie: " + ", ".join(f"{x:.3g}" for x in r["tied_rates"])
+                + ")" if len(r["tied_rates"]) > 1 else "")
             lines.append(f"| {b} | {r['steps']} | {r['examples']:,} | "
-                         f"{r['rate']:.3g} | {linear} | {sqrt} | "
+                         f"{rate} | {linear} | {sqrt} | "
                          f"{b_simple} | {ratio} | {along_the_run(r)} |")
-        seconds = [x for x in results if x["optimizer"] == optimizer
-                   and x["seed"] != 1 and x["reached"]]
-        for r in seconds:
-            first = best.get(r["batch"])
-            if first:
-                lines.append(f"\nSecond seed at batch {r['batch']} (lr "
-                             f"{r['rate']:.3g}): {r['steps']} steps (seed 1: "
-                             f"{first['steps']}).")
+        for r in sorted((x for x in results if x["optimizer"] == optimizer
+                         and x["seed"] != 1), key=lambda x: (
+                             x["batch"], x["rate"])):
+            first = [x for x in results if x["optimizer"] == optimizer
+                     and x["seed"] == 1 and (x["batch"], x["rate"]) == (
+                         r["batch"], r["rate"])]
+            if not first:
+                continue
+
+            def seed_text(x):
+                if not x["reached"]:
+                    return "not reached"
+                value = (f", B_simple {x['b_simple']:,.0f}{_mark(x)}"
+                         f"{_interval(x)}" if x["b_simple"] else "")
+                return f"{x['steps']} steps{value}"
+            lines.append(f"\nSeed {r['seed']} at batch {r['batch']}, lr "
+                         f"{r['rate']:.3g}: {seed_text(r)} (seed 1: "
+                         f"{seed_text(first[0])}).")
         lines.append("")
     if ratios:
         point = [r[2] for r in ratios]
         lines.append(
-            f"B_crit / B_simple at the target, over the {len(ratios)} tuned "
-            f"runs whose window had filled: {min(point):.2f}-{max(point):.2f}"
+            f"B_crit / B_simple at the target, over the {len(ratios)} runs "
+            "at a tuned rate (either seed) whose window had filled: "
+            f"{min(point):.2f}-{max(point):.2f}"
             f" (median {float(np.median(point)):.2f}); with B_crit's "
             f"leave-one-out range: {min(r[3] for r in ratios):.2f}-"
             f"{max(r[4] for r in ratios):.2f}.")
-        settled = [r for r in ratios
-                   if fits[r[0]][0][r[1]]["steps"] >= SETTLED_STEPS]
-        if settled:
+        calm = [r for r in ratios if r[5]]
+        for optimizer in [o for o in OPTIMIZERS if any(
+                r[0] == o for r in calm)]:
+            own = [r for r in calm if r[0] == optimizer]
             lines.append(
-                f"In the {len(settled)} of them that ran at least "
-                f"{SETTLED_STEPS} steps (5 windows: the average is of "
-                "recent steps, not of the start): "
-                f"{min(r[2] for r in settled):.2f}-"
-                f"{max(r[2] for r in settled):.2f}; with the leave-one-out "
-                f"range: {min(r[3] for r in settled):.2f}-"
-                f"{max(r[4] for r in settled):.2f}.")
+                f"{optimizer} ({NOISE_MODES[optimizer]}), the {len(own)} "
+                f"settled run(s): {min(r[2] for r in own):.2f}-"
+                f"{max(r[2] for r in own):.2f}; with the leave-one-out "
+                f"range: {min(r[3] for r in own):.2f}-"
+                f"{max(r[4] for r in own):.2f}.")
+        if calm:
+            lines.append(
+                f"In all {len(calm)} settled runs ({SETTLED_WINDOWS} "
+                "windows averaged, so the average is of recent steps, not of "
+                "the start; a bounded interval): "
+                f"{min(r[2] for r in calm):.2f}-"
+                f"{max(r[2] for r in calm):.2f}; with the leave-one-out "
+                f"range: {min(r[3] for r in calm):.2f}-"
+                f"{max(r[4] for r in calm):.2f}.")
     known = {o: r for o, r in ranges.items() if r}
     if len(known) > 1:
         overlap = max(r[0] for r in known.values()) <= min(
@@ -593,8 +822,8 @@ def _plot(study: Study, fits: dict, path: str) -> None:
     ax.set_xlabel("global batch (examples)")
     ax.set_ylabel(f"steps to {study.metric} "
                   f"{'>=' if study.higher_is_better else '<='} {study.target}")
-    ax.set_title(f"{study.name}: steps to target vs batch (dotted: perfect "
-                 "scaling)", fontsize=10)
+    ax.set_title(f"{study.data_label}: steps to target vs batch (dotted: "
+                 "perfect scaling)", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -603,14 +832,16 @@ def _plot(study: Study, fits: dict, path: str) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", choices=("fashion_mnist", "bert_tiny"),
+    parser.add_argument("--task", choices=("fashion_mnist", "digits",
+                                           "bert_tiny"),
                         default="fashion_mnist")
     parser.add_argument("--fashion_dir", default=idx.FASHION_MNIST_DIR)
     parser.add_argument("--records", default="runs/demo/records/train-*")
     parser.add_argument("--bert_config",
                         default="runs/demo/corpus/bert_config.json")
     parser.add_argument("--target", type=float, default=None,
-                        help="default: 0.85 accuracy / 5.6 MLM loss")
+                        help="default: 0.85 accuracy (Fashion-MNIST), 0.97 "
+                             "(digits) / 5.6 MLM loss")
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--batches", default=None,
                         help="comma list (default: the study's)")
@@ -621,6 +852,8 @@ def main():
             raise SystemExit(f"--fashion_dir: {args.fashion_dir} not found "
                              "(apt-get install dataset-fashion-mnist)")
         study = fashion_task(args.fashion_dir, args.target or 0.85)
+    elif args.task == "digits":
+        study = digits_task(args.target or 0.97)
     else:
         study = bert_task(args.records, args.bert_config, args.target or 5.6)
     if args.batches:
@@ -630,9 +863,7 @@ def main():
                                  f"{study.digest()}")
     with open(stem + ".definition.json", "w") as f:
         json.dump(dict(study.definition(), digest=study.digest(),
-                       read_from=os.path.abspath(
-                           args.fashion_dir if args.task == "fashion_mnist"
-                           else args.records)), f, indent=1, sort_keys=True)
+                       read_from=study.source), f, indent=1, sort_keys=True)
         f.write("\n")
     print(f"definition {study.digest()}: {stem}.jsonl", flush=True)
     results = load_results(stem + ".jsonl", study.digest())
@@ -650,15 +881,14 @@ def main():
             result = run_one(study, optimizer, batch, rate, seed,
                              budget)
             results.append(result)
-            with open(stem + ".jsonl", "a") as f:
-                f.write(json.dumps(result) + "\n")
+            append_result(stem + ".jsonl", result)
             print(json.dumps(result), flush=True)
             return result
 
         for optimizer in optimizers:
             for batch in study.batches:
                 low, middle, high = rates_for(study, optimizer, batch)
-                runs = [run(optimizer, batch, rate, 1)
+                runs = [run(optimizer, batch, rate, SEEDS[0])
                         for rate in (middle, high, low)]
                 # The best rate at an edge of the grid: one more step
                 # outward (at most EXTRA_RATES), so a tuned rate is never
@@ -675,14 +905,18 @@ def main():
                         rate = float(f"{best['rate'] * RATE_STEPS[0]:.3g}")
                     else:
                         break
-                    runs.append(run(optimizer, batch, rate, 1))
-            # The second seed: the best rate at the batch nearest the knee.
+                    runs.append(run(optimizer, batch, rate, SEEDS[0]))
+            # The second seed: every rate of a tie (the tuned rate is the one
+            # with the fewest steps over both seeds), and the tuned rate at
+            # the batch nearest the knee.
+            for batch, rate in ties(results, optimizer):
+                run(optimizer, batch, rate, SEEDS[1])
             best = best_per_batch(results, optimizer)
             fit = fit_curve(sorted(best), [best[b]["steps"]
                                            for b in sorted(best)])
             if fit:
                 batch = min(best, key=lambda b: abs(math.log(b / fit[1])))
-                run(optimizer, batch, best[batch]["rate"], 2)
+                run(optimizer, batch, best[batch]["rate"], SEEDS[1])
     section = analyse(study, results, stem + ".png")
     with open(stem + ".md", "w") as f:
         f.write(section + "\n")

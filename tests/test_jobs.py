@@ -161,6 +161,75 @@ def test_the_study_runs_through_the_skeleton():
     assert result["b_simple"] > 0
 
 
+def test_a_study_is_keyed_by_everything_that_defines_it(tmp_path,
+                                                        monkeypatch):
+    """Editing any part of a study's definition gives it a new digest (so
+    its runs go to a new file and old ones are never reused); reading the
+    same bytes from another folder does not."""
+    from benchmarks import time_to_accuracy as tta
+
+    def build_model():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+
+    def build_model_edited():
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+
+    def dataset_fn(per_replica_batch, seed):
+        return per_replica_batch
+
+    def dataset_fn_edited(per_replica_batch, seed):
+        return per_replica_batch * 2
+
+    def evaluate(model):
+        return 0.0
+
+    def evaluate_edited(model):
+        return 1.0
+
+    for path in tta.CODE_FILES + ("models/mlp.py",):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("# code\n")
+    monkeypatch.setattr(tta, "ROOT", str(tmp_path))
+    base = tta.Study(
+        name="toy", batches=(16, 64), reference_batch=16,
+        base_rates={"sgd": 0.1}, target=0.8, higher_is_better=True,
+        metric="accuracy", cap_examples=1000, warmup_examples=10,
+        build_model=build_model, loss_fn=keras.losses.MeanSquaredError(),
+        dataset_fn=dataset_fn, evaluate=evaluate,
+        data={"fingerprint": "a" * 64, "files": ["x"]}, model="MLP",
+        source="/data/here", code_files=("models/mlp.py",))
+    digests = {"base": base.digest()}
+    for name, change in (
+            ("data content", {"data": {"fingerprint": "b" * 64,
+                                       "files": ["x"]}}),
+            ("target", {"target": 0.81}),
+            ("model in words", {"model": "MLP, wider"}),
+            ("model code", {"build_model": build_model_edited}),
+            ("loss", {"loss_fn": keras.losses.MeanAbsoluteError()}),
+            ("data pipeline code", {"dataset_fn": dataset_fn_edited}),
+            ("evaluation code", {"evaluate": evaluate_edited}),
+            ("rates", {"base_rates": {"sgd": 0.2}}),
+            ("batches", {"batches": (16, 64, 256)}),
+            ("warmup", {"warmup_examples": 20})):
+        digests[name] = dataclasses.replace(base, **change).digest()
+    for name, attribute, value in (
+            ("rate grid", "RATE_STEPS", (1 / 2, 1.0, 2.0)),
+            ("give up", "GIVE_UP", 4), ("seeds", "SEEDS", (1, 3)),
+            ("window", "WINDOW_EXAMPLES", 12_800),
+            ("optimizer settings", "optimizer_settings",
+             lambda o: {"optimizer": o, "weight_decay": 0.0})):
+        with monkeypatch.context() as patch:
+            patch.setattr(tta, attribute, value)
+            digests[name] = base.digest()
+    for path in ("tfscale/optim/lamb.py", "models/mlp.py"):
+        (tmp_path / path).write_text("# code, edited\n")
+        digests[f"file {path}"] = base.digest()
+    assert len(set(digests.values())) == len(digests), digests
+    moved = dataclasses.replace(base, source="/data/elsewhere")
+    assert moved.digest() == digests["file models/mlp.py"]
+    assert "/data/elsewhere" in moved.data_label
+
+
 def test_idx_files_read_and_a_bad_one_is_named(tmp_path):
     from input_pipelines import idx
     path = tmp_path / "labels-idx1-ubyte"

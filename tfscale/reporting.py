@@ -73,5 +73,8 @@ class IntervalReport:
         if self._adascale is not None:
             summary["adascale_gain"] = self._adascale.current_gain()
             text += f", AdaScale gain {summary['adascale_gain']:.3g}"
+            if (self._noise_scale is not None
+                    and not self._noise_scale.estimate().warmed_up):
+                text += " (held at 1 while the noise scale warms up)"
         return text
 

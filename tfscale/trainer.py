@@ -175,7 +175,8 @@ class Trainer:
         self.noise_scale = (
             noise_lib.NoiseScale(config.noise_scale,
                                  self._train_step.noise_groups,
-                                 config.global_batch_size)
+                                 config.global_batch_size,
+                                 optimizer=type(optimizer).__name__.lower())
             if self._train_step.measures_noise else None)
         self._adascale = self._find_adascale(optimizer)
         self._eval_step = EvalStep(model=model, loss_fn=loss_fn,

@@ -9,9 +9,15 @@ the gain
 var being the gradient variance at the reference batch (tr(Sigma) / B_ref)
 and sqr the squared norm of the true gradient (|G|^2); both come from the
 Trainer's gradient noise scale (`tfscale/noise_scale.py`), as fairscale's
-AdaScale takes them from its workers' gradients. While the batch is small
-against the noise scale (B << B_simple: var dominates), r is about S and the
-run takes about 1/S of the reference run's steps; when B >> B_simple, r
+AdaScale takes them from its workers' gradients. The gain is 1 until the
+noise scale's window has filled (its log line says "warming up"), so the
+first window of steps walks the schedule one reference step each, then the
+gain follows the estimate. (fairscale starts from gain 1 too, but moves it
+from the first step on a bias-corrected EMA of smoothing 1 - S/1000: a
+window of 1000/S steps that is still mostly its first steps early on; S
+there is workers x accumulation steps.) While the batch is small against
+the noise scale (B << B_simple: var dominates), r is about S and the run
+takes about 1/S of the reference run's steps; when B >> B_simple, r
 saturates and extra examples buy little.
 
 The rate at a step is r times the reference schedule at the run's *progress*
@@ -106,12 +112,13 @@ class AdaScale(keras.optimizers.schedules.LearningRateSchedule):
     def advance(self, estimate, skipped: bool = False) -> None:
         """After a step: its gain joins the progress (not when the step was
         skipped: it applied nothing), and the next step's gain follows the
-        latest estimate (`noise_scale.Estimate`)."""
+        latest estimate (`noise_scale.Estimate`) once its window has filled;
+        1 before (the noise scale is warming up: an average of its first
+        few steps is no estimate to scale the rate by)."""
         if not skipped:
             self._progress.assign_add(self._gain)
-        if estimate.steps:
-            self._gain.assign(self.gain(estimate.gradient_squared,
-                                        estimate.trace))
+        self._gain.assign(self.gain(estimate.gradient_squared, estimate.trace)
+                          if estimate.warmed_up else 1.0)
 
     def current_gain(self) -> float:
         return float(self._gain.numpy())
