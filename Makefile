@@ -2,7 +2,8 @@
 #   make demo   build a small real corpus into BERT records, pretrain BERT-tiny
 #               with 2 local workers, print the summary
 #   make test   run the test suite
-#   (make demo-images: ResNet-50 on generated JPEG records, 2 workers)
+#   (make test-quick: the unit tests only, under 3 minutes;
+#    make demo-images: ResNet-50 on generated JPEG records, 2 workers)
 # Each creates ./.venv (unless a virtualenv is active) and installs what it needs.
 
 PYTHON ?= python3
@@ -17,7 +18,7 @@ WORKERS ?= 2
 
 IMAGES_DIR ?= runs/images
 
-.PHONY: demo demo-images test test-seeds install install-test clean
+.PHONY: demo demo-images test test-quick test-seeds install install-test clean
 
 $(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 12) else "tfscale needs Python 3.10-3.12 (setup.py python_requires); this $(PYTHON) is %d.%d: make PYTHON=python3.12" % sys.version_info[:2])'
@@ -72,6 +73,21 @@ demo-images: install
 
 test: install-test
 	$(PY) -m pytest -q
+
+# Unit tests in one process (no worker processes, no clusters), the files
+# docs/tests.md marks quick: under 3 minutes on 2 cores.
+QUICK_TESTS = tests/test_benchmark_models.py tests/test_bert.py \
+	tests/test_bert_pretraining.py tests/test_cluster.py tests/test_compat.py \
+	tests/test_docs.py tests/test_elementwise.py tests/test_fit_arguments.py \
+	tests/test_google_checkpoints.py tests/test_gpus.py tests/test_horovod.py \
+	tests/test_input_pipeline.py tests/test_jobs.py tests/test_launch.py \
+	tests/test_layout.py tests/test_mpi.py tests/test_nvidia_flags.py \
+	tests/test_optim.py tests/test_record_order.py tests/test_scaling.py \
+	tests/test_tfds_source.py tests/test_trainer.py tests/test_xla_flags.py \
+	tests/test_xplane_top.py tests/test_zero.py
+
+test-quick: install-test
+	$(PY) -m pytest -q -m "not slow" $(QUICK_TESTS)
 
 # The noise-scale and AdaScale tests at global seeds 0-19 (about 30 min):
 # a test whose outcome depends on the seed fails at some of them.

@@ -33,8 +33,8 @@ setup(
     ],
     extras_require={
         # TensorFlow's CUDA and cuDNN libraries from PyPI (Linux x86-64):
-        # pip install "tfscale[and-cuda]" is all a GPU host needs beside the
-        # NVIDIA driver (docs/gpus.md).
+        # pip install ".[and-cuda]" in the checkout is all a GPU host needs
+        # beside the NVIDIA driver (docs/gpus.md).
         "and-cuda": ["tensorflow[and-cuda]==2.21.0"],
         "text": ["tensorflow-text==2.21.1"],
         "plot": ["matplotlib>=3.8"],

@@ -78,7 +78,7 @@ NOISE_MODES = {"sgd": "plain", "adamw": "preconditioned",
 # examples, and runs long enough in examples fill it (with a window fixed at
 # 100 steps, the large batches reached the target before it filled).
 WINDOW_EXAMPLES = 6_400
-SETTLED_WINDOWS = 5  # a settled run has averaged 5 windows (noise_scale.py)
+SETTLED_WINDOWS = 5  # a settled run has averaged 5 windows (noise_advice.py)
 # The code that defines what a run trains and measures, beside the study's
 # own functions: the optimizers and their schedules (files), and the noise
 # scale's estimator (its functions and classes, not the module: the advice
@@ -629,8 +629,8 @@ def _interval(run: dict) -> str:
 def settled(run: dict) -> bool:
     """The run's B_simple at the target averaged SETTLED_WINDOWS windows
     and its interval is bounded: what the closing advice needs before it
-    prices anything (`noise_scale._advice`). A window of 2 steps, batch
-    4,096's, has n_eff under 3 and no interval at all."""
+    prices anything (`noise_advice.closing_sentence`). A window of 2
+    steps, batch 4,096's, has n_eff under 3 and no interval at all."""
     interval = run.get("b_simple_interval") or [None, None]
     return bool(run.get("b_simple_steps_averaged") and run.get("window_steps")
                 and run["b_simple_steps_averaged"]

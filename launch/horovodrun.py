@@ -28,7 +28,7 @@ from launch import local, mpi_ranks, workers
 # horovodrun options tfscale-run refuses, with what to use instead.
 _REFUSED = {
     "--gloo": "tfscale-run runs MPI only (Open MPI from PyPI: pip install "
-              "'tfscale[mpi]')",
+              "'.[mpi]' in tfscale's checkout)",
     "--jsrun": "start the ranks with jsrun or srun --mpi=pmix directly",
     "--min-np": "no elastic mode: --max-restarts N restarts all ranks from "
                 "the last checkpoint",
@@ -134,8 +134,9 @@ def open_mpi_major(mpirun: str) -> int:
         first = text.strip().splitlines()[0] if text.strip() else "no output"
         raise UsageError(
             f"{mpirun} is not Open MPI's mpirun ({first}): tfscale-run "
-            "builds Open MPI's command line; pip install 'tfscale[mpi]' or "
-            "pass --mpirun PATH (MPICH users: mpiexec -n N python ...)")
+            "builds Open MPI's command line; pip install '.[mpi]' in "
+            "tfscale's checkout or pass --mpirun PATH (MPICH users: "
+            "mpiexec -n N python ...)")
     return int(found.group(1))
 
 

@@ -20,7 +20,7 @@ from launch import children, workers
 
 def find_mpirun(explicit: Optional[str] = None) -> str:
     """The `mpirun` to use: `explicit`, the one installed beside this Python
-    (`pip install 'tfscale[mpi]'`), or the first on PATH.
+    (`pip install '.[mpi]'` in tfscale's checkout), or the first on PATH.
 
     Raises:
         ValueError: None found.
@@ -37,8 +37,9 @@ def find_mpirun(explicit: Optional[str] = None) -> str:
     found = shutil.which("mpirun") or shutil.which("mpiexec")
     if not found:
         raise ValueError("--backend mpi needs mpirun: pip install "
-                         "'tfscale[mpi]' (Open MPI from PyPI), load your "
-                         "site's MPI module, or pass --mpirun PATH")
+                         "'.[mpi]' in tfscale's checkout (Open MPI from "
+                         "PyPI), load your site's MPI module, or pass "
+                         "--mpirun PATH")
     return found
 
 

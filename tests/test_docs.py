@@ -187,3 +187,49 @@ def test_help_lists_the_flags(command):
     # Grouped as --helpfull groups them.
     full, _ = sections("--helpfull")
     assert {f: full[f] for f in listed} == grouped
+    # A job's groups are its page's: each "| (N) name |" row's flags under
+    # the heading "<program> (N) name:".
+    page = {v: k for k, v in JOB_PAGES.items()}.get(module)
+    if page:
+        program = module.rsplit(".", 1)[1]
+        rows = 0
+        for line in (REPO / page).read_text().splitlines():
+            row = re.match(r"^\| \((\d+)\) ([^|(]+?) \|(.*)$", line)
+            if not row:
+                continue
+            rows += 1
+            heading = f"{program} ({row.group(1)}) {row.group(2)}:"
+            for flag in {m.group(1) for m in FLAG.finditer(row.group(3))}:
+                if flag in defined:
+                    assert grouped[flag] == heading, (page, flag)
+        assert rows >= 4, page
+    if module == "models.tasks.export_bert":
+        for flag in ("checkpoint", "bert_config_file", "output_dir"):
+            assert re.search(rf"--{flag}: [^\n]*\(required\)", output), flag
+
+
+def test_the_readmes_timings_are_the_benchmarks():
+    """The demo's time the README quotes is a run benchmarks/README.md
+    records, with its command."""
+    readme = (REPO / "README.md").read_text()
+    quoted = re.search(r"last run: (\d+) s, ([\d.]+) s of it training",
+                       readme)
+    assert quoted, "README.md quotes no demo time"
+    runs = (REPO / "benchmarks" / "README.md").read_text()
+    section = runs[runs.index("## End-to-end runs"):]
+    recorded = re.findall(r"(\d+) s in all, ([\d.]+) s of training",
+                          section)
+    assert quoted.groups() in recorded, (quoted.groups(), recorded)
+
+
+def test_the_quick_tests_are_the_ones_the_table_marks():
+    """`make test-quick` runs the files docs/tests.md marks quick, and the
+    table has a row for every test file."""
+    makefile = (REPO / "Makefile").read_text()
+    block = makefile[makefile.index("QUICK_TESTS ="):
+                     makefile.index("test-quick: install-test")]
+    quick = set(re.findall(r"tests/(test_\w+\.py)", block))
+    rows = dict(re.findall(r"^\| `tests/(test_\w+\.py)` \|.*\| (yes|-) \|$",
+                           (REPO / "docs" / "tests.md").read_text(), re.M))
+    assert set(rows) == {p.name for p in (REPO / "tests").glob("test_*.py")}
+    assert {name for name, mark in rows.items() if mark == "yes"} == quick

@@ -29,7 +29,7 @@ from input_pipelines.record_order import index as record_index
 from tests.conftest import run_command, run_workers
 from tests.test_pretraining import pretrain_args
 from tests.test_trainer import mirrored
-from tfscale import noise_scale, precision
+from tfscale import noise_advice, noise_scale, precision
 from tfscale.noise_scale import SETTLE_UPDATES, NoiseScaleConfig
 from tfscale.optim.adascale import AdaScale
 from tfscale.trainer import TrainConfig, Trainer
@@ -398,7 +398,7 @@ def test_config_and_groups_are_checked_and_named():
 
 def test_relative_cost_follows_the_empirical_model():
     # B = B_noise: half the batch costs 1.5x the steps, 0.75x the examples.
-    steps, examples = noise_scale.relative_cost(100.0, 100.0, 50.0)
+    steps, examples = noise_advice.relative_cost(100.0, 100.0, 50.0)
     assert steps == pytest.approx(1.5) and examples == pytest.approx(0.75)
 
 
@@ -408,7 +408,7 @@ def closing(optimizer="sgd", mode="plain", **changes):
                "window_steps": 100, "warmed_up": True, "steps_averaged": 500,
                "optimizer": optimizer}
     summary.update(changes)
-    return noise_scale.closing_sentence(summary, step=summary["steps_averaged"])
+    return noise_advice.closing_sentence(summary, step=summary["steps_averaged"])
 
 
 def test_the_closing_advice_is_the_studys_range_for_this_optimizer():
@@ -417,11 +417,11 @@ def test_the_closing_advice_is_the_studys_range_for_this_optimizer():
     assert ("B_simple 100 examples, 95% interval 80-125 (the last ~100 "
             "steps, at step 500)") in lines[0]
     assert len(lines) <= 3 and "critical batch is about" not in sentence
-    found = noise_scale.STUDY_RANGES[("sgd", "plain")]
+    found = noise_advice.STUDY_RANGES[("sgd", "plain")]
     lo, hi = 80.0 * found.low, 125.0 * found.high
     # Halving the batch: the steps grow the most for the largest B_noise.
-    fewest = noise_scale.relative_cost(lo, 100, 50)[0]
-    most = noise_scale.relative_cost(hi, 100, 50)[0]
+    fewest = noise_advice.relative_cost(lo, 100, 50)[0]
+    most = noise_advice.relative_cost(hi, 100, 50)[0]
     assert f"half the batch takes {fewest:.2f}-{most:.2f}x the steps" in (
         sentence)
     assert f"critical batch {lo:,.0f}-{hi:,.0f}" in sentence

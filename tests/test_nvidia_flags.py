@@ -216,7 +216,8 @@ def nvidia_phase1(corpus, results, *extra):  # noqa: F811
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("mpiexec") is None and not os.path.exists(
     os.path.join(os.path.dirname(sys.executable), "mpiexec")),
-    reason="Open MPI's mpiexec is not installed (pip install 'tfscale[mpi]')")
+    reason="Open MPI's mpiexec is not installed (pip install '.[mpi]' in "
+           "tfscale's checkout)")
 def test_nvidia_phase1_then_phase2_on_two_mpi_ranks(corpus, tmp_path):  # noqa: F811
     env = {"PATH": os.path.dirname(sys.executable) + os.pathsep
            + os.environ["PATH"], "TF_CPP_MIN_LOG_LEVEL": "1"}

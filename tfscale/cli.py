@@ -223,10 +223,11 @@ def define_noise_scale_flags(flags, default_groups: str = "", **kwargs
     `module_name` section); `default_groups` as --noise_scale_groups."""
     flags.DEFINE_enum(
         "noise_scale", "plain", ["plain", "preconditioned", "off"],
-        "Measure the gradient noise scale B_simple (the critical batch "
-        "estimate) in every step, at no extra collective: plain, "
-        "preconditioned (Adam/LAMB: gradients over sqrt(v_hat)+eps) or off. "
-        "Needs >= 2 micro-batches per step (workers x accumulation).",
+        "Measure the gradient noise scale B_simple (the batch at which the "
+        "gradient's noise equals its signal; docs/batch-size.md) in every "
+        "step, at no extra collective: plain, preconditioned (Adam/LAMB: "
+        "gradients over sqrt(v_hat)+eps) or off. Needs >= 2 micro-batches "
+        "per step (workers x accumulation).",
         **kwargs)
     flags.DEFINE_float(
         "noise_scale_decay", 0.99, "Moving-average decay of the noise "

@@ -35,7 +35,7 @@ from tfscale import cluster as cluster_lib
 from tfscale import strategies
 from tfscale import collectives
 from tfscale import xla_flags
-from tfscale import noise_scale
+from tfscale import noise_advice
 from tfscale import precision as precision_lib
 from tfscale.cluster import ClusterConfig
 from tfscale.errors import FLAG_OF_FIELD, ConfigError
@@ -487,8 +487,8 @@ def done_summary(title: str, results: dict, unit: str = "examples") -> str:
              f"intervals), {results['wall_seconds']:.1f} s",
              f"  loss {first:.4f} (first interval) -> {last:.4f} (last)",
              f"  checkpoint {results['checkpoint']}"]
-    sentence = noise_scale.closing_sentence(results.get("noise_scale"),
-                                            results["steps"])
+    sentence = noise_advice.closing_sentence(results.get("noise_scale"),
+                                             results["steps"])
     if sentence:
         lines.append(sentence)
     adascale = results.get("adascale")

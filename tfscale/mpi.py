@@ -14,8 +14,9 @@ Metric variables are local to each process, so the step sums their changes
 (`reduces_metrics`): every process then holds the global states, as the
 metric variables of a MultiWorkerMirroredStrategy do.
 
-Requires mpi4py and an MPI library: `pip install 'tfscale[mpi]'` (mpi4py and
-Open MPI from PyPI), or mpi4py built against the site's MPI.
+Requires mpi4py and an MPI library: `pip install '.[mpi]'` in tfscale's
+checkout (mpi4py and Open MPI from PyPI), or mpi4py built against the
+site's MPI.
 """
 
 import contextlib
@@ -31,8 +32,8 @@ from absl import logging
 from tfscale import cluster
 
 _INSTALL_HINT = ("the MPI backend needs mpi4py and an MPI library: "
-                 "pip install 'tfscale[mpi]' (or mpi4py built against your "
-                 "site's MPI)")
+                 "pip install '.[mpi]' in tfscale's checkout (or mpi4py "
+                 "built against your site's MPI)")
 
 
 def import_mpi():

@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from tfscale import _compat
 from tfscale import noise_scale as noise_lib
+from tfscale.step_plan import StepPlan
 from tfscale.train_config import TrainConfig
 
 
@@ -146,6 +147,8 @@ class TrainStep:
         self._strategy = strategy
         self._collectives = collectives
         self._config = config
+        # Which steps each call runs (no TensorFlow in it).
+        self.plan = StepPlan(config)
         self._feed = feed
         self._loss_scale = loss_scale
         self._sharded = sharded
@@ -472,53 +475,20 @@ class TrainStep:
 
     # ---- the host side ------------------------------------------------------
 
-    def is_timed(self, step: int) -> bool:
-        """Whether step number `step` (1-based) runs part by part.
-
-        A function of the step number alone, so an interrupted and resumed
-        run takes exactly the same path at every step as an uninterrupted
-        one: the last `timed_steps_per_log` steps of each log interval.
-        """
-        config = self._config
-        remainder = step % config.log_steps
-        return config.timed_steps_per_log > 0 and (
-            remainder == 0 or
-            remainder > config.log_steps - config.timed_steps_per_log)
-
-    def steps_in_call(self, step: int, most: int) -> int:
-        """How many steps, from step number `step` on, the next call runs:
-        one for a timed step; else up to `steps_per_execution` and `most`,
-        ending before the next timed step and at the next log or checkpoint
-        boundary. A function of the step number alone (resume: the same
-        calls), so the loop reports and saves where one step at a time would.
-        """
-        if self.is_timed(step):
-            return 1
-        config = self._config
-        n = min(config.steps_per_execution, most)
-        boundaries = [config.log_steps, config.save_checkpoints_steps]
-        for every in boundaries:
-            if every:
-                n = min(n, every - (step - 1) % every)
-        for ahead in range(1, n):
-            if self.is_timed(step + ahead):
-                return ahead
-        return n
-
     def run(self, step: int, num_steps: int, iterator, signals, timer
             ) -> StepsResult:
         """Runs optimizer steps `step` .. `step + num_steps - 1` (1-based;
-        fewer if a flag is raised), from `steps_in_call`.
+        fewer if a flag is raised), from `plan.steps_in_call`.
 
         Args:
             step: The first step's number.
-            num_steps: From `steps_in_call(step, ...)`.
+            num_steps: From `plan.steps_in_call(step, ...)`.
             iterator: This worker's input iterator.
             signals: This worker's [stop, preempt] flags (0.0 / 1.0).
             timer: A `timing.StepTimer`.
         """
         signals = tf.constant(signals, tf.float32)
-        if not self.is_timed(step):
+        if not self.plan.is_timed(step):
             timer.start()
             rows, metrics = self.execute(iterator, signals,
                                          tf.constant(num_steps))

@@ -165,6 +165,9 @@ class Trainer:
         # Keras callbacks (TensorBoard, BackupAndRestore, ModelCheckpoint)
         # look for the optimizer where `compile` would have put it.
         model.optimizer = optimizer
+        # The input of the current `fit` (a `ReplicaFeed`): None between
+        # fits; the step reads it through the lambda below.
+        self._feed = None
         self._train_step = TrainStep(
             model=model, optimizer=optimizer, loss_fn=loss_fn,
             metrics=self.metrics, strategy=strategy,
@@ -418,20 +421,20 @@ class Trainer:
             add_progbar=self.is_chief and verbose == 1,
             model=self.model, verbose=verbose, epochs=epochs,
             steps=steps_per_epoch)
-        # SIGTERM from now on is a preemption request (see preemption.py).
-        watch = SignalWatch().__enter__()
         self._verbose = verbose
+        # SIGTERM from now on is a preemption request (see preemption.py).
         try:
-            return self._fit(dataset_fn, callbacks, callback_list, worker_dir,
-                             watch, steps_per_epoch, epochs, validation_fn,
-                             validation_steps, initial_epoch)
+            with SignalWatch() as watch:
+                return self._fit(dataset_fn, callbacks, callback_list,
+                                 worker_dir, watch, steps_per_epoch, epochs,
+                                 validation_fn, validation_steps,
+                                 initial_epoch)
         except BaseException:
             # An error, a preemption (Preempted) or Ctrl-C: on_train_end
             # will not run, so what the callbacks logged is closed here.
             callback_files.close_writers(callbacks)
             raise
         finally:
-            watch.__exit__()
             self._verbose = self.config.verbose
             if self._keeper:
                 self._keeper.untrack_input()
@@ -504,9 +507,10 @@ class Trainer:
         start = self.position.steps
         if restored:
             self._saved_step = start
+            where = self._resume_input(dataset_fn, positioned, reordered,
+                                       start)
             self._log(f"resumed from {restored} at step {start}; input "
-                      + self._resume_input(dataset_fn, positioned, reordered,
-                                           start))
+                      f"{where}")
         _compat.continue_tensorboard_steps(callbacks, start)
         logs = {}
         for epoch in range(start // steps_per_epoch, epochs):
@@ -729,10 +733,10 @@ class Trainer:
 
     def _run_steps(self, feed, first: int, most: int, watch):
         """The next call of the compiled step: one or more optimizer steps
-        from step number `first` (`TrainStep.steps_in_call`), with this
+        from step number `first` (`StepPlan.steps_in_call`), with this
         worker's flags."""
         count = (1 if self._adascale is not None  # its rate moves each step
-                 else self._train_step.steps_in_call(first, most))
+                 else self._train_step.plan.steps_in_call(first, most))
         signals = [float(bool(self.model.stop_training)),
                    float(watch.requested)]
         try:

@@ -19,9 +19,12 @@ import sys
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory.")
-flags.DEFINE_string("bert_config_file", None, "Google bert_config.json.")
-flags.DEFINE_string("output_dir", None, "Where to write the export.")
+flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory "
+                    "(required).")
+flags.DEFINE_string("bert_config_file", None, "Google bert_config.json "
+                    "(required).")
+flags.DEFINE_string("output_dir", None, "Where to write the export "
+                    "(required).")
 flags.DEFINE_bool("google_checkpoint", True,
                   "Also write Google's TF1 name-based bert_model.ckpt.")
 flags.DEFINE_string("vocab_file", None, "Copied to the export as vocab.txt.")

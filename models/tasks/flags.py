@@ -40,8 +40,9 @@ JOB_FLAG_TABLE = (
      "--reference_batch_size to --train_batch_size (adascale: by the gain "
      "the gradient noise scale gives at every step; --optimizer=sgd).",
      ("none", "linear", "sqrt", "adascale")),
-    ("optimizer", "integer", "reference_batch_size", "Batch --learning_rate "
-     "was tuned at.", None),
+    ("optimizer", "integer", "reference_batch_size", "Global batch "
+     "--learning_rate was tuned at (0: --train_batch_size itself, so "
+     "--lr_scaling scales nothing).", None),
     ("optimizer", "enum", "optimizer", "Optimizer.", ("lamb", "adamw", "sgd")),
     ("optimizer", "float", "weight_decay", "Weight decay rate.", None),
     ("optimizer", "float", "clip_global_norm", "Global-norm clip (0: none).",
@@ -72,6 +73,12 @@ JOB_FLAG_TABLE = (
     ("run", "integer", "save_checkpoints_steps", "Checkpoint interval.",
      None),
 )
+
+
+def concern(program: str, number: int, name: str) -> dict:
+    """The `module_name` kwargs of one concern's --help section ("program
+    (N) name": sections sort by N)."""
+    return {"module_name": f"{program} ({number}) {name}"}
 
 
 def define_job_flags(flags, defaults: dict, helps=None, section=None) -> None:
@@ -167,7 +174,8 @@ def define_cluster_flags(flags, **kwargs) -> None:
         "How workers sum gradients: mwms = MultiWorkerMirroredStrategy "
         "(workers from TF_CONFIG or SLURM; NCCL on GPUs); mpi = "
         "MPI.Allreduce between the ranks of mpirun, launch.local --backend "
-        "mpi or srun --mpi=pmix (CPU clusters; pip install 'tfscale[mpi]').",
+        "mpi or srun --mpi=pmix (CPU clusters; pip install '.[mpi]' in "
+        "tfscale's checkout).",
         **kwargs)
     flags.DEFINE_enum("all_reduce_alg", "auto", ["auto", "ring", "nccl"],
                       "Collective implementation.", **kwargs)

@@ -33,8 +33,8 @@ FLAGS = flags.FLAGS
 
 
 def _concern(number: int, name: str) -> dict:
-    """Flags of one concern share a --helpfull section (sorted by number)."""
-    return {"module_name": f"run_pretraining ({number}) {name}"}
+    """Flags of one concern share a --help section (sorted by number)."""
+    return flags_lib.concern("run_pretraining", number, name)
 
 
 DATA = _concern(1, "records")
@@ -103,8 +103,9 @@ flags.DEFINE_string("profile_steps", None, "Profile steps 'first,last' into "
                     "the last 4 steps of each loop run one at a time, part "
                     "by part).", **RUN)
 # BERT's variable groups (paths of models/bert.py's pretrainer).
-BERT_NOISE_SCALE_GROUPS = ("embeddings=_embeddings/|embedding_layer_norm,"
-                           "encoder=encoder/layer_,"
+# (", " between groups: --help wraps the default there, not mid-word.)
+BERT_NOISE_SCALE_GROUPS = ("embeddings=_embeddings/|embedding_layer_norm, "
+                           "encoder=encoder/layer_, "
                            "head=pooler|mlm_|nsp")
 define_noise_scale_flags(flags, BERT_NOISE_SCALE_GROUPS, **RUN)
 

@@ -30,20 +30,35 @@ from tfscale.cli import define_noise_scale_flags
 
 FLAGS = flags.FLAGS
 
+
+def _concern(number: int, name: str) -> dict:
+    """Flags of one concern share a --help section (sorted by number), the
+    groups of docs/image-job.md."""
+    return flags_lib.concern("train_image_classifier", number, name)
+
+
+DATA = _concern(1, "records")
+OPTIM = _concern(2, "optimizer and schedule")
+SPEED = _concern(3, "numerics and distribution")
+RUN = _concern(4, "what to run, output")
 flags.DEFINE_string("train_files", None, "Training records: globs or a comma "
-                    "list (TF-slim's ImageNet format).")
+                    "list (TF-slim's ImageNet format).", **DATA)
 flags.DEFINE_string("eval_files", None, "Evaluation records (evaluated at "
-                    "the end).")
-flags.DEFINE_integer("image_size", 224, "Side of the square model input.")
-flags.DEFINE_integer("num_classes", 1000, "Classes.")
+                    "the end).", **DATA)
+flags.DEFINE_integer("image_size", 224, "Side of the square model input.",
+                     **DATA)
+flags.DEFINE_integer("num_classes", 1000, "Classes.", **DATA)
 flags.DEFINE_integer("label_offset", 1, "Label of the first class in the "
-                     "records (1: ImageNet/TF-slim, where 0 is background).")
+                     "records (1: ImageNet/TF-slim, where 0 is background).",
+                     **DATA)
 flags.DEFINE_enum("image_dtype", "uint8", ["uint8", "float32", "bfloat16",
                                            "float16"],
-                  "Pixel dtype out of the pipeline (the model standardizes).")
-define_data_service_flags(flags)
+                  "Pixel dtype out of the pipeline (the model standardizes).",
+                  **DATA)
+define_data_service_flags(flags, **DATA)
 define_job_flags(
-    flags,
+    flags, section={"records": DATA, "optimizer": OPTIM, "numerics": SPEED,
+                    "run": RUN}.get,
     defaults=dict(shuffle_buffer_size=1024, cycle_length=2,
                   skip_corrupt_records=False, input_order="global",
                   train_batch_size=256, num_accumulation_steps=1,
@@ -65,15 +80,15 @@ define_job_flags(
                                "epochs).",
            "max_eval_steps": "Evaluation batches at most (0: all records).",
            "seed": "Seed of weights and augmentation."})
-flags.DEFINE_float("momentum", 0.9, "SGD momentum.")
-flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing.")
-define_cluster_flags(flags)
+flags.DEFINE_float("momentum", 0.9, "SGD momentum.", **OPTIM)
+flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing.", **OPTIM)
+define_cluster_flags(flags, **SPEED)
 
-define_log_interval(flags, 100)
+define_log_interval(flags, 100, **RUN)
 flags.DEFINE_integer("timed_steps_per_log", 4, "Steps per log interval run "
                      "part by part to measure the time split (0: none; "
-                     "saves tracing the step a second time).")
-define_noise_scale_flags(flags)
+                     "saves tracing the step a second time).", **RUN)
+define_noise_scale_flags(flags, **RUN)
 
 
 def fail(message: str):
