@@ -57,7 +57,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from input_pipelines import idx  # noqa: E402
-from tfscale import jobs, noise_scale  # noqa: E402
+from tfscale import jobs, noise_advice, noise_scale  # noqa: E402
 from tfscale.cluster import ClusterConfig  # noqa: E402
 from tfscale.noise_scale import NoiseScaleConfig  # noqa: E402
 from tfscale.optim import OptimConfig  # noqa: E402
@@ -78,7 +78,7 @@ NOISE_MODES = {"sgd": "plain", "adamw": "preconditioned",
 # examples, and runs long enough in examples fill it (with a window fixed at
 # 100 steps, the large batches reached the target before it filled).
 WINDOW_EXAMPLES = 6_400
-SETTLED_WINDOWS = 5  # a settled run has averaged 5 windows (noise_advice.py)
+SETTLED_WINDOWS = noise_advice.SETTLED_WINDOWS  # what the advice needs
 # The code that defines what a run trains and measures, beside the study's
 # own functions: the optimizers and their schedules (files), and the noise
 # scale's estimator (its functions and classes, not the module: the advice
