@@ -57,10 +57,11 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from input_pipelines import idx  # noqa: E402
-from tfscale import jobs, noise_advice, noise_scale  # noqa: E402
+from tfscale import jobs, noise_advice, noise_norms, noise_scale  # noqa: E402
 from tfscale.cluster import ClusterConfig  # noqa: E402
 from tfscale.noise_scale import NoiseScaleConfig  # noqa: E402
 from tfscale.optim import OptimConfig  # noqa: E402
+from tfscale import step_row  # noqa: E402
 from tfscale.train_config import TrainConfig  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
@@ -85,11 +86,11 @@ SETTLED_WINDOWS = noise_advice.SETTLED_WINDOWS  # what the advice needs
 # in it is built from this study's results).
 CODE_FILES = ("tfscale/optim/factory.py", "tfscale/optim/lamb.py",
               "tfscale/optim/schedules.py")
-ESTIMATOR = (noise_scale.squared_norms, noise_scale.Preconditioner,
+ESTIMATOR = (noise_norms.squared_norms, noise_norms.Preconditioner,
              noise_scale.Estimate, noise_scale.fieller,
              noise_scale.t_quantile, noise_scale.estimate_from_means,
              noise_scale.effective_steps, noise_scale.step_estimates,
-             noise_scale.NoiseScale)
+             noise_scale.NoiseScale, step_row.NoiseNumbers, step_row.RowLayout)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -29,8 +29,10 @@ from input_pipelines.record_order import index as record_index
 from tests.conftest import run_command, run_workers
 from tests.test_pretraining import pretrain_args
 from tests.test_trainer import mirrored
-from tfscale import noise_advice, noise_scale, precision
-from tfscale.noise_scale import SETTLE_UPDATES, NoiseScaleConfig
+from tfscale import noise_advice, noise_norms, noise_scale, precision
+from tfscale.noise_norms import SETTLE_UPDATES
+from tfscale.noise_scale import NoiseScaleConfig
+from tfscale.step_row import NoiseNumbers
 from tfscale.optim.adascale import AdaScale
 from tfscale.trainer import TrainConfig, Trainer
 
@@ -307,11 +309,11 @@ def _compat_second_moments(trainer):
 def test_bias_correction_makes_the_first_steps_exact():
     # Constant per-step values: a bias-corrected EMA is that value from the
     # first step on (an uncorrected one is 1% of it after one step).
-    groups = noise_scale.Groups((noise_scale.TOTAL,), (0,))
+    groups = noise_norms.Groups((noise_norms.TOTAL,), (0,))
     ema = noise_scale.NoiseScale(NoiseScaleConfig(decay=0.99), groups, 64)
     g2, trace = noise_scale.step_estimates(0.1, 4, 0.2, 64)
     for step in range(1, 4):
-        ema.update([0.1, 4.0, 0.2, 1.0])
+        ema.update(NoiseNumbers((0.1,), 4.0, (0.2,), 1.0))
         estimate = ema.estimate()
         assert (estimate.steps, estimate.gradient_squared, estimate.trace) == (
             step, pytest.approx(g2), pytest.approx(trace))
@@ -319,7 +321,7 @@ def test_bias_correction_makes_the_first_steps_exact():
         assert ema.logs() == {"gradient_noise_scale_warmup": step}
         assert estimate.effective_steps == pytest.approx(step, rel=0.02)
     # Two values: the weights are 0.99 and 1 over their sum.
-    ema.update([0.12, 4.0, 0.2, 1.0])
+    ema.update(NoiseNumbers((0.12,), 4.0, (0.2,), 1.0))
     g2_new, trace_new = noise_scale.step_estimates(0.12, 4, 0.2, 64)
     weights = np.array([0.99 ** 3, 0.99 ** 2, 0.99, 1.0])
     expected = (weights[:3].sum() * trace + trace_new) / weights.sum()
@@ -534,10 +536,10 @@ def test_the_interval_covers_at_every_relative_error():
     # The EMA the simulation builds is the one NoiseScale keeps.
     rng = np.random.default_rng(1)
     g2, trace = _per_step_draws(rng, "normal", 1, 50, 0.3, 0.9)
-    ema = noise_scale.NoiseScale(NoiseScaleConfig(decay=0.9), noise_scale.Groups(
-        (noise_scale.TOTAL,), (0,)), 64)
+    ema = noise_scale.NoiseScale(NoiseScaleConfig(decay=0.9), noise_norms.Groups(
+        (noise_norms.TOTAL,), (0,)), 64)
     for step in range(50):
-        ema._add(ema._state[noise_scale.TOTAL], g2[0, step], trace[0, step])
+        ema._add(ema._state[noise_norms.TOTAL], g2[0, step], trace[0, step])
     simulated = noise_scale.estimate_from_means(
         [m[0] for m in _ema_means((g2, trace), 0.9)], 50, 0.9, 10)
     assert ema.estimate().interval == pytest.approx(simulated.interval)

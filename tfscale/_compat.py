@@ -213,15 +213,16 @@ def compiled_metrics(model) -> list:
 
 
 @shim
-def build_compiled_metrics(model, metrics, element_spec) -> None:
+def build_compiled_metrics(model, metrics, element_spec_fn) -> None:
     """Builds `compile`'s metric container (and loss) from the shapes of one
-    per-replica batch, as `fit` does before its first step: their variables
-    must exist before the step is traced under the strategy."""
+    per-replica batch (`element_spec_fn()`, called only when needed), as
+    `fit` does before its first step: their variables must exist before the
+    step is traced under the strategy."""
     container = getattr(model, "_compile_metrics", None)
     if container is None or container.built or container not in metrics:
         return
     with model.distribute_strategy.scope():
-        model._symbolic_build(data_batch=element_spec)
+        model._symbolic_build(data_batch=element_spec_fn())
 
 
 @shim

@@ -20,6 +20,7 @@ redirected.
 """
 
 import os
+from typing import Optional
 
 from absl import logging
 
@@ -89,3 +90,18 @@ def close_writers(callbacks) -> None:
         except Exception as e:  # noqa: BLE001 - the run's own error matters
             logging.warning("tfscale: could not close the files of %s: %s",
                             type(callback).__name__, e)
+
+
+def fit_callbacks(callbacks, model, worker_dir: Optional[str], *,
+                  verbose: int, progress_bar: bool, epochs: int,
+                  steps_per_epoch: int):
+    """(the callbacks as a list, the `keras.callbacks.CallbackList` a fit
+    calls) with every BackupAndRestore committing atomically and, on a
+    worker (`worker_dir`), every file write routed there."""
+    callbacks = list(callbacks)
+    make_backups_atomic(callbacks)
+    if worker_dir:
+        route_writes(callbacks, worker_dir)
+    return callbacks, keras.callbacks.CallbackList(
+        callbacks, add_history=True, add_progbar=progress_bar, model=model,
+        verbose=verbose, epochs=epochs, steps=steps_per_epoch)

@@ -36,13 +36,19 @@ def training_input(x, y=None, sample_weight=None, *, batch_size: Optional[int],
                    global_batch_size: int, per_replica_batch_size: int,
                    steps_per_epoch: Optional[int], shuffle: bool = True
                    ) -> Tuple[Callable, int]:
-    """(dataset_fn of per-replica batches, repeated; steps per epoch).
+    """(dataset_fn of per-replica batches, repeated; steps per epoch). A
+    dataset_fn `x` is taken as it is.
 
     Raises:
         ValueError: The batch size disagrees with the Trainer's global batch,
             the data holds less than one global batch, or the number of steps
-            per epoch is needed and cannot be known.
+            per epoch is needed and cannot be known (always, with a
+            dataset_fn).
     """
+    if is_dataset_fn(x):
+        if steps_per_epoch is None:
+            raise ValueError("steps_per_epoch is required with a dataset_fn")
+        return x, steps_per_epoch
     if batch_size is not None and batch_size != global_batch_size:
         raise ValueError(
             f"batch_size {batch_size} differs from the Trainer's global batch "

@@ -31,6 +31,29 @@ def needs_loss_scaling(precision: str) -> bool:
 INITIAL_LOSS_SCALE = 2.0**15
 
 
+def unwrap_loss_scaling(model, optimizer):
+    """(the optimizer to update with, whether the loss needs scaling). A
+    `keras.optimizers.LossScaleOptimizer` (what `compile` makes under a
+    mixed_float16 policy) gives its inner optimizer: the Trainer scales the
+    loss itself, after the all-reduce. Loss scaling follows the model's
+    dtype policy (or such a wrapper), whatever built it."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    scaled = needs_loss_scaling(model.dtype_policy.name) or inner is not None
+    return (inner if inner is not None else optimizer), scaled
+
+
+def loss_scale(initial_scale=None, dynamic: bool = True
+               ) -> "DynamicLossScale":
+    """fp16's loss scale (`TrainConfig.initial_loss_scale`,
+    `dynamic_loss_scale`): not dynamic, a fixed scale that neither grows
+    nor falls. Create it under the strategy's scope."""
+    initial = initial_scale or INITIAL_LOSS_SCALE
+    if dynamic:
+        return DynamicLossScale(initial_scale=initial)
+    return DynamicLossScale(initial_scale=initial, growth_steps=2**62,
+                            min_scale=initial)
+
+
 class DynamicLossScale(tf.Module):
     """Dynamic loss scaling as in Micikevicius et al. (2018).
 

@@ -35,77 +35,18 @@ yields exactly the gradient of the mean loss over the global batch, which is
 why N workers with global batch B match one worker with batch B.
 """
 
-import copy
-import dataclasses
 from typing import Callable, Sequence
 
 import keras
 import tensorflow as tf
 
 from tfscale import _compat
-from tfscale import noise_scale as noise_lib
+from tfscale import noise_norms
+from tfscale.loss_metrics import add_others, metric_variables, unreduced
+from tfscale.sharded_sync import ShardedSync
 from tfscale.step_plan import StepPlan
+from tfscale.step_row import RowLayout, StepsResult
 from tfscale.train_config import TrainConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class StepsResult:
-    """What one call of the step (one or more optimizer steps) reports.
-
-    Attributes:
-        losses: Each step's global-batch loss (reduced over all replicas).
-        stop, preempt: Whether any worker raised the flag (the last step).
-        metrics: {name: value} of the metrics after the last step.
-        skipped: fp16: steps whose update was skipped (non-finite gradients).
-        noise: Per step, the gradient noise scale's numbers
-            (`noise_scale.NoiseScale.update`); empty when not measured.
-    """
-
-    losses: tuple
-    stop: bool
-    preempt: bool
-    metrics: dict
-    skipped: int = 0
-    noise: tuple = ()
-
-    @property
-    def steps(self) -> int:
-        return len(self.losses)
-
-
-def unreduced(loss_fn) -> Callable:
-    """`loss_fn` as `fn(y_true, y_pred, sample_weight) -> [batch]` float32.
-
-    A `keras.losses.Loss` goes through its own `__call__` (its dtype
-    conversion of y_true / y_pred, masks and sample weights) with the
-    reduction switched off, on a copy: the step divides by the global batch
-    itself (Keras's reduction would also divide by the number of replicas).
-    Any other callable must return one value per example (or per token:
-    extra axes are averaged); sample weights multiply it.
-    """
-    if isinstance(loss_fn, keras.losses.Loss):
-        per_example = copy.copy(loss_fn)
-        per_example.reduction = None
-
-        def call(y_true, y_pred, sample_weight):
-            return _per_example(per_example(y_true, y_pred,
-                                            sample_weight=sample_weight))
-        return call
-
-    def call(y_true, y_pred, sample_weight):
-        values = _per_example(loss_fn(y_true, y_pred))
-        if sample_weight is not None:
-            values = values * tf.cast(sample_weight, values.dtype)
-        return values
-    return call
-
-
-def _per_example(values):
-    values = tf.cast(values, tf.float32)
-    # Per-token losses (more axes than the batch) are averaged per example.
-    if values.shape.rank and values.shape.rank > 1:
-        values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
-    return values
 
 
 class TrainStep:
@@ -143,7 +84,7 @@ class TrainStep:
         self._optimizer = optimizer
         self._loss_fn = unreduced(loss_fn)
         self._metrics = list(metrics)
-        self._metric_variables = _metric_variables(metrics, collectives)
+        self._metric_variables = metric_variables(metrics, collectives)
         self._strategy = strategy
         self._collectives = collectives
         self._config = config
@@ -161,17 +102,25 @@ class TrainStep:
                                        * config.num_accumulation_steps)
         self.measures_noise = (noise.enabled
                                and self.micro_batches_per_step >= 2)
-        self.noise_groups = noise_lib.assign_groups(self._variables, noise)
+        self.noise_groups = noise_norms.assign_groups(self._variables, noise)
+        # The row each step returns (`step_row.py`).
+        self.row = RowLayout(len(self.noise_groups.names)
+                             if self.measures_noise else 0)
         self._preconditioner = (
-            noise_lib.Preconditioner(optimizer, self._variables)
+            noise_norms.Preconditioner(optimizer, self._variables)
             if self.measures_noise and noise.mode == "preconditioned"
             else None)
         jit = config.jit_compile
         compiled = jit or config.compile_update  # no matmul in them
         self.jit_update = (compiled
                            and len(strategy.extended.worker_devices) == 1)
-        if sharded is not None:
-            self._compile_sharded(sharded, compiled)
+        self._sharded_sync = (
+            ShardedSync(sharded, collectives, self.noise_groups,
+                        self._metric_variables, measures_noise=(
+                            self.measures_noise), loss_scale=loss_scale,
+                        clip_global_norm=config.clip_global_norm,
+                        compiled=compiled)
+            if sharded is not None else None)
         self._micro_batch = tf.function(self._micro_batch_fn, jit_compile=jit)
         # Compiled under op determinism (--deterministic): TensorFlow's CPU
         # reductions of a large tensor split their sums by the intra-op
@@ -180,7 +129,7 @@ class TrainStep:
         # AdaScale's rate) is the same on workers with other thread counts
         # (a bare mpirun binds a rank to one core). It costs about 5% of a
         # CPU step (BERT-tiny, 30,522-token vocabulary), so only there.
-        norms = lambda grads, factors: noise_lib.squared_norms(  # noqa: E731
+        norms = lambda grads, factors: noise_norms.squared_norms(  # noqa: E731
             grads, self.noise_groups, factors)
         self._squared_norms = (
             tf.function(norms, jit_compile=True)
@@ -198,20 +147,6 @@ class TrainStep:
         # Values this object copied from the device to Python (each a wait
         # for the device): the loop's cost that does not show in a profile.
         self.host_reads = 0
-
-    def _compile_sharded(self, sharded, compiled: bool) -> None:
-        """The sharded sync's functions (no collective in them: compiled
-        when `compiled`; the update's arithmetic is compiled by `sharded`
-        itself, its collectives outside); the noise groups of the shard's
-        pieces."""
-        self._piece_groups = noise_lib.Groups(
-            self.noise_groups.names,
-            tuple(self.noise_groups.of_variable[p.variable]
-                  for p in sharded.layout.pieces))
-        self._shard_stats = tf.function(self._shard_stats_fn,
-                                        jit_compile=compiled)
-        self._after_shard_reduce = tf.function(
-            self._after_shard_reduce_fn, jit_compile=compiled)
 
     # ---- per replica -----------------------------------------------------
 
@@ -282,16 +217,19 @@ class TrainStep:
         # the gradients' all-reduce: every worker learns any worker's flags
         # at the same step, with no collective of their own; so do the
         # noise scale's micro-batch norms and count (after the flags).
+        # The row's reduced part: [loss, stop, preempt, noise small sums
+        # and count] (`step_row.py`).
         control = tf.concat([loss[:1], tf.cast(signals, tf.float32),
                              loss[1:]], axis=0)
-        if self._sharded is not None:
-            return self._replica_sync_sharded(control, grads, deltas)
+        assert control.shape[0] == self.row.reduced_width, control.shape
+        if self._sharded_sync is not None:
+            return self._sharded_sync.sync(control, grads, deltas)
         # tf.identity gives the values the replica's device: inputs that
         # come from another tf.function carry none, and all_reduce needs it.
         values = ([tf.identity(control)] + [tf.identity(g) for g in grads]
                   + [tf.identity(d) for d in deltas])
         reduced = self._collectives.all_reduce(values)
-        _add_others(self._metric_variables, deltas, reduced[1 + len(grads):])
+        add_others(self._metric_variables, deltas, reduced[1 + len(grads):])
         return self._after_reduce(reduced[0], reduced[1:1 + len(grads)])
 
     def _after_reduce_fn(self, control, grads):
@@ -309,7 +247,8 @@ class TrainStep:
             factors, ready = (self._preconditioner.factors()
                               if self._preconditioner is not None
                               else (None, tf.constant(1.0)))
-            big = noise_lib.squared_norms(grads, self.noise_groups, factors)
+            big = noise_norms.squared_norms(grads, self.noise_groups,
+                                            factors)
             control = tf.concat([control, big, [ready]], axis=0)
         if self.measures_noise and self._preconditioner is None:
             # The same sums give the global norm (clipping): no second pass.
@@ -322,48 +261,6 @@ class TrainStep:
             grads, _ = tf.clip_by_global_norm(
                 grads, self._config.clip_global_norm, use_norm=norm)
         return control, grads, finite
-
-    def _replica_sync_sharded(self, control, grads, deltas):
-        """The sync of a sharded step: this worker's shard of the summed
-        gradients (reduce-scatter), then one small all-reduce of the loss
-        and flags with the shard's sums (non-finite count, squared norms),
-        from which every worker clips and decides alike."""
-        flat = self._sharded.layout.flatten([tf.identity(g) for g in grads])
-        shard = self._collectives.reduce_scatter(flat)
-        shard, sums = self._shard_stats(shard)
-        values = ([tf.identity(tf.concat([control, sums], axis=0))]
-                  + [tf.identity(d) for d in deltas])
-        reduced = self._collectives.all_reduce(values)
-        _add_others(self._metric_variables, deltas, reduced[1:])
-        return self._after_shard_reduce(reduced[0], shard,
-                                        control.shape[0])
-
-    def _shard_stats_fn(self, shard):
-        """The shard without the loss scale, and its sums: [non-finite
-        count, squared norm per noise group (or in all)]."""
-        if self._loss_scale is not None:
-            inverse = 1.0 / tf.cast(self._loss_scale.scale, tf.float32)
-            shard = shard * tf.cast(inverse, shard.dtype)
-        bad = tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(shard)),
-                                    tf.float32))
-        if self.measures_noise:
-            norms = noise_lib.squared_norms(
-                self._sharded.layout.split(shard), self._piece_groups)
-        else:
-            norms = tf.reshape(2.0 * tf.nn.l2_loss(shard), [1])
-        return shard, tf.concat([[bad], norms], axis=0)
-
-    def _after_shard_reduce_fn(self, reduced, shard, size: int):
-        control, bad, norms = (reduced[:size], reduced[size],
-                               reduced[size + 1:])
-        if self.measures_noise:
-            # The step's norms by group, then the (plain) ready flag.
-            control = tf.concat([control, norms, [1.0]], axis=0)
-        if self._config.clip_global_norm:
-            norm = tf.sqrt(tf.reduce_sum(norms))
-            (shard,), _ = tf.clip_by_global_norm(
-                [shard], self._config.clip_global_norm, use_norm=norm)
-        return control, shard, tf.equal(bad, 0.0)
 
     def _replica_compute_sync(self, micro_batches, signals):
         loss, grads, deltas = self._replica_compute(micro_batches)
@@ -399,10 +296,11 @@ class TrainStep:
         def one_step(i, flags, rows):
             del flags
             row = self._one_step(iterator, signals)
-            return i + 1, row[1] + row[2], rows.write(i, row)
+            flags = row[RowLayout.STOP] + row[RowLayout.PREEMPT]
+            return i + 1, flags, rows.write(i, row)
 
         rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True,
-                              element_shape=[self._row_size()])
+                              element_shape=[self.row.size])
         _, _, rows = tf.while_loop(keep_going, one_step,
                                    (tf.constant(0), tf.constant(0.0), rows))
         return rows.stack(), self._packed_metrics()
@@ -440,11 +338,6 @@ class TrainStep:
             skipped = tf.cond(finite, update, lambda: tf.constant(1.0))
             self._loss_scale.update(finite)
         return tf.concat([control, [skipped]], axis=0)
-
-    def _row_size(self) -> int:
-        noise = (len(self.noise_groups.names) * 2 + 2
-                 if self.measures_noise else 0)
-        return 3 + noise + 1
 
     def _packed_metrics(self):
         values = self.metric_results()
@@ -496,7 +389,7 @@ class TrainStep:
             metrics = dict(zip(self.metric_results_names(),
                                self._read(metrics).tolist()))
             timer.stop(timed=False, steps=len(rows))
-            return self._result(rows, metrics)
+            return self.row.result(rows, metrics)
         timer.start()
         micro_batches = self._feed(iterator,
                                    self._config.num_accumulation_steps)
@@ -520,23 +413,13 @@ class TrainStep:
         skipped = float(not finite and self._loss_scale is not None)
         metrics = {k: float(self._read(v))
                    for k, v in self.metric_results().items()}
-        return self._result([list(control) + [skipped]], metrics)
+        return self.row.result([list(control) + [skipped]], metrics)
 
     def metric_results_names(self) -> list:
         """The names of `metric_results()`, in its order."""
         if not hasattr(self, "_metric_names"):
             self._metric_names = list(self.metric_results())
         return self._metric_names
-
-    def _result(self, rows, metrics) -> StepsResult:
-        last = rows[-1]
-        noise = (tuple(tuple(float(v) for v in row[3:-1]) for row in rows)
-                 if self.measures_noise else ())
-        return StepsResult(
-            losses=tuple(float(row[0]) for row in rows),
-            stop=bool(last[1] > 0), preempt=bool(last[2] > 0),
-            metrics=metrics, skipped=int(sum(row[-1] for row in rows)),
-            noise=noise)
 
     def _read(self, value):
         """The value in Python (a wait for the device)."""
@@ -545,66 +428,3 @@ class TrainStep:
 
     def _local(self, value):
         return self._strategy.experimental_local_results(value)[0]
-
-
-def _metric_variables(metrics, collectives) -> list:
-    """The metric states the step must sum over processes (MPI backend; a
-    strategy's own metric variables aggregate on read)."""
-    if not collectives.reduces_metrics:
-        return []
-    return [v for m in metrics for v in m.variables]
-
-
-def _add_others(variables, local_deltas, summed_deltas) -> None:
-    """Adds the other processes' metric updates: each process then holds the
-    global states (every metric state of Keras's metrics is a sum)."""
-    for v, mine, total in zip(variables, local_deltas, summed_deltas):
-        v.assign_add(total - mine)
-
-
-class EvalStep:
-    """Compiled evaluation step: loss and metrics, all-reduced.
-
-    Returns the summed per-example loss, the example count and the number of
-    processes that had a batch, so the mean over a whole (possibly uneven)
-    evaluation set is exact. `run_empty` is the same collective for a
-    process whose input has ended while others' has not (MPI backend).
-    """
-
-    def __init__(self, *, model, loss_fn, metrics, strategy, collectives):
-        self._model = model
-        self._loss_fn = unreduced(loss_fn)
-        self._metrics = list(metrics)
-        self._metric_variables = _metric_variables(metrics, collectives)
-        self._strategy = strategy
-        self._collectives = collectives
-        self.run = tf.function(self._run)
-        self.run_empty = tf.function(self._run_empty)
-
-    def _replica_step(self, batch):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-        before = [tf.identity(v) for v in self._metric_variables]
-        y_pred = self._model(x, training=False)
-        losses = self._loss_fn(y, y_pred, sample_weight)
-        count = tf.cast(tf.shape(losses)[0], tf.float32)
-        for metric in self._metrics:
-            metric.update_state(y, y_pred, sample_weight=sample_weight)
-        deltas = [v - b for v, b in zip(self._metric_variables, before)]
-        return self._reduce(tf.reduce_sum(losses), count, 1.0, deltas)
-
-    def _replica_empty(self):
-        deltas = [tf.zeros_like(v) for v in self._metric_variables]
-        return self._reduce(0.0, 0.0, 0.0, deltas)
-
-    def _reduce(self, total, count, has_batch, deltas):
-        values = [tf.stack([tf.cast(total, tf.float32), count,
-                            tf.constant(has_batch)])] + deltas
-        reduced = self._collectives.all_reduce(values)
-        _add_others(self._metric_variables, deltas, reduced[1:])
-        return reduced[0]
-
-    def _run(self, batch):
-        return self._strategy.run(self._replica_step, args=(batch,))
-
-    def _run_empty(self):
-        return self._strategy.run(self._replica_empty)

@@ -5,6 +5,7 @@ import dataclasses
 from typing import Optional
 
 from tfscale import precision as precision_lib
+from tfscale.errors import ConfigError
 from tfscale.noise_scale import NoiseScaleConfig
 
 
@@ -110,3 +111,25 @@ class TrainConfig:
                              f"{self.steps_per_execution}")
         if self.timed_steps_per_log < 0:
             raise ValueError("timed_steps_per_log must be >= 0")
+
+
+def check_fits(model, config: TrainConfig, replicas: int) -> None:
+    """Raises ConfigError (global_batch_size) when the batch does not divide
+    into replicas x accumulation steps, ValueError when the model is not
+    built or its dtype policy is not `config.precision`."""
+    divisor = replicas * config.num_accumulation_steps
+    if config.global_batch_size % divisor:
+        raise ConfigError(
+            "global_batch_size", f"global batch size "
+            f"{config.global_batch_size} is not divisible by replicas "
+            f"({replicas}) x accumulation steps "
+            f"({config.num_accumulation_steps})")
+    if not model.built:
+        raise ValueError("build the model (call it on a batch or build it "
+                         "with shapes) under strategy.scope() first")
+    policy = model.dtype_policy.name
+    if config.precision != "float32" and config.precision != policy:
+        raise ValueError(
+            f"TrainConfig.precision is {config.precision!r} but the model "
+            f"was built with dtype policy {policy!r}: call "
+            "tfscale.precision.set_precision before building the model")

@@ -488,14 +488,22 @@ class _WholeSlot(_compat.trackable_base()[0]):
 
 
 def sharded_optimizer(optimizer, variables, collectives, strategy,
-                      jit_compile: bool) -> Optional[ShardedOptimizer]:
+                      jit_compile: bool, noise_mode: str = "plain"
+                      ) -> Optional[ShardedOptimizer]:
     """The sharded update for `TrainConfig.shard_optimizer_state`, or None
     with one replica (nothing to shard).
 
     Raises:
-        ConfigError: A strategy with several replicas per worker (each
-            worker must hold one shard), or an unsupported optimizer.
+        ConfigError: The preconditioned noise scale (`noise_mode`: it reads
+            every variable's second moments), a strategy with several
+            replicas per worker (each worker must hold one shard), or an
+            unsupported optimizer.
     """
+    if noise_mode == "preconditioned":
+        raise ConfigError(
+            "shard_optimizer_state", "the preconditioned noise scale "
+            "reads every variable's second moments, which a sharded "
+            "optimizer holds 1/N of: use noise_scale mode 'plain'")
     if collectives.num_replicas == 1:
         return None
     if collectives.num_replicas != collectives.num_workers:

@@ -45,6 +45,9 @@ Usage (tfscale's optimizer factory builds it from OptimConfig with
 import keras
 import tensorflow as tf
 
+from tfscale import _compat
+from tfscale.errors import ConfigError
+
 
 @keras.saving.register_keras_serializable(package="tfscale")
 class AdaScale(keras.optimizers.schedules.LearningRateSchedule):
@@ -158,3 +161,27 @@ class AdaScale(keras.optimizers.schedules.LearningRateSchedule):
             config["schedule"] = keras.saving.deserialize_keras_object(
                 config["schedule"])
         return cls(**config)
+
+
+def find_adascale(optimizer, noise_scale, noise_mode: str,
+                  micro_batches_per_step: int):
+    """The optimizer's AdaScale schedule, or None. It needs the plain noise
+    scale (`noise_scale` None: not measured).
+
+    Raises:
+        ConfigError: AdaScale without the plain noise scale.
+    """
+    adascale = _compat.learning_rate_schedule(optimizer)
+    if not getattr(adascale, "follows_noise_scale", False):
+        return None
+    if noise_scale is None:
+        raise ConfigError(
+            "scaling_rule", "AdaScale needs the gradient noise scale, "
+            "measured with at least 2 micro-batches per step (replicas x"
+            f" accumulation steps: {micro_batches_per_step}) and noise_scale"
+            " mode 'plain'")
+    if noise_mode != "plain":
+        raise ConfigError(
+            "scaling_rule", "AdaScale needs noise_scale mode 'plain' (its "
+            "gain is defined for SGD's gradients)")
+    return adascale
