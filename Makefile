@@ -83,7 +83,7 @@ QUICK_TESTS = tests/test_benchmark_models.py tests/test_bert.py \
 	tests/test_input_pipeline.py tests/test_jobs.py tests/test_launch.py \
 	tests/test_layout.py tests/test_mpi.py tests/test_nvidia_flags.py \
 	tests/test_optim.py tests/test_record_order.py tests/test_scaling.py \
-	tests/test_tfds_source.py tests/test_trainer.py tests/test_xla_flags.py \
+	tests/test_step_row.py tests/test_tfds_source.py tests/test_trainer.py tests/test_xla_flags.py \
 	tests/test_xplane_top.py tests/test_zero.py
 
 test-quick: install-test

@@ -265,6 +265,55 @@ def test_trainer_checkpoint_wins_over_backup_and_restore(tmp_path):
     assert_bit_identical(full.model.variables, resumed.model.variables)
 
 
+def test_a_fit_restores_once_and_builds_its_positioned_input_once(
+        tmp_path, monkeypatch):
+    """The checkpoint is read once even when BackupAndRestore loaded its
+    own weights first, and a positioned input is built once, where the run
+    starts (not at the checkpoint's position and again at the epoch a
+    callback or initial_epoch names)."""
+    from tests.test_trainer import data, dataset_fn_for, make_trainer
+    x, y = data()
+    strategy = mirrored(TWO_CPUS)
+    restores = []
+    original = checkpointing.CheckpointKeeper.restore_latest
+    monkeypatch.setattr(
+        checkpointing.CheckpointKeeper, "restore_latest",
+        lambda keeper: restores.append(1) or original(keeper))
+
+    def positioned(trainer, starts):
+        plain = dataset_fn_for(trainer, x, y)
+        plain.at = lambda position: starts.append(position) or plain
+        return plain
+
+    def run(name, epochs, initial_epoch=0, callbacks=()):
+        trainer = make_trainer(strategy, TrainConfig(
+            global_batch_size=16, checkpoint_dir=str(tmp_path / name),
+            save_checkpoints_steps=2, verbose=0))
+        starts = []
+        restores.clear()
+        backup = keras.callbacks.BackupAndRestore(str(tmp_path / f"b_{name}"))
+        try:
+            trainer.fit(positioned(trainer, starts), steps_per_epoch=4,
+                        epochs=epochs, initial_epoch=initial_epoch,
+                        callbacks=[backup, *callbacks])
+        finally:
+            run.starts, run.restores = starts, len(restores)
+
+    class Die(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            # Step 7 begins: ckpt-6 is saved, the backup holds epoch 0.
+            if self.model.optimizer.iterations.numpy() == 6:
+                raise KeyboardInterrupt
+
+    run("fresh", epochs=2, initial_epoch=1)
+    assert run.starts == [64]  # epoch 1: 4 steps x 16 records
+    with pytest.raises(KeyboardInterrupt):
+        run("killed", epochs=2, callbacks=[Die()])
+    assert os.path.exists(tmp_path / "b_killed")
+    run("killed", epochs=2)  # BackupAndRestore loads epoch 0's end first
+    assert (run.starts, run.restores) == ([96], 1)
+
+
 def test_export_command_writes_keras_files_and_googles_checkpoint(tmp_path):
     import subprocess
     import sys

@@ -21,9 +21,12 @@ every example.
 
 from typing import Callable, Optional, Tuple
 
+import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
+
+from tfscale import _compat
 
 SHUFFLE_SEED = 1234  # the same on every worker: they must agree on order
 
@@ -166,3 +169,24 @@ def _count_batches(dataset, full, global_batch_size) -> int:
     # Unknown length or a possibly smaller last batch: count once.
     return int(full.reduce(tf.constant(0, tf.int64),
                            lambda count, _: count + 1))
+
+
+def compiled_parts(model) -> tuple:
+    """(optimizer, loss, metrics) of `model.compile`, for
+    `Trainer.from_compiled`.
+
+    Raises:
+        ValueError: The model is not compiled, or its loss is a list or
+            dict (one loss per output is not supported).
+    """
+    if getattr(model, "optimizer", None) is None or not getattr(
+            model, "compiled", False):
+        raise ValueError("compile the model first (optimizer, loss, "
+                         "metrics), or use the Trainer constructor")
+    loss = model.loss
+    if isinstance(loss, (list, tuple, dict)) or loss is None:
+        raise ValueError(f"the compiled loss must be one loss, got "
+                         f"{loss!r}; pass loss_fn to the constructor")
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    return model.optimizer, loss, _compat.compiled_metrics(model)

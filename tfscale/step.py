@@ -95,8 +95,37 @@ class TrainStep:
         self._sharded = sharded
         self._split_steps = 0
         self._variables = model.trainable_variables
-        # The gradient noise scale needs two batch sizes in a step: at least
-        # two micro-batches (replicas x accumulation steps).
+        self._set_up_noise(config, optimizer, collectives)
+        jit = config.jit_compile
+        compiled = jit or config.compile_update  # no matmul in them
+        self.jit_update = (compiled
+                           and len(strategy.extended.worker_devices) == 1)
+        self._sharded_sync = (
+            ShardedSync(sharded, collectives, self.noise_groups,
+                        self._metric_variables, measures_noise=(
+                            self.measures_noise), loss_scale=loss_scale,
+                        clip_global_norm=config.clip_global_norm,
+                        compiled=compiled)
+            if sharded is not None else None)
+        self._micro_batch = tf.function(self._micro_batch_fn, jit_compile=jit)
+        self._after_reduce = tf.function(self._after_reduce_fn,
+                                         jit_compile=compiled)
+        self._update = tf.function(
+            self._update_fn,
+            jit_compile=self.jit_update and sharded is None)
+        self.execute = tf.function(self._execute)
+        self.compute = tf.function(self._compute)
+        self.sync = tf.function(self._sync)
+        self.apply = tf.function(self._apply)
+        # Values this object copied from the device to Python (each a wait
+        # for the device): the loop's cost that does not show in a profile.
+        self.host_reads = 0
+
+    def _set_up_noise(self, config: TrainConfig, optimizer,
+                      collectives) -> None:
+        """What the gradient noise scale needs: two batch sizes in a step,
+        so at least two micro-batches (replicas x accumulation steps); its
+        groups, the row that carries its numbers, its preconditioner."""
         noise = config.noise_scale
         self.micro_batches_per_step = (collectives.num_replicas
                                        * config.num_accumulation_steps)
@@ -110,18 +139,6 @@ class TrainStep:
             noise_norms.Preconditioner(optimizer, self._variables)
             if self.measures_noise and noise.mode == "preconditioned"
             else None)
-        jit = config.jit_compile
-        compiled = jit or config.compile_update  # no matmul in them
-        self.jit_update = (compiled
-                           and len(strategy.extended.worker_devices) == 1)
-        self._sharded_sync = (
-            ShardedSync(sharded, collectives, self.noise_groups,
-                        self._metric_variables, measures_noise=(
-                            self.measures_noise), loss_scale=loss_scale,
-                        clip_global_norm=config.clip_global_norm,
-                        compiled=compiled)
-            if sharded is not None else None)
-        self._micro_batch = tf.function(self._micro_batch_fn, jit_compile=jit)
         # Compiled under op determinism (--deterministic): TensorFlow's CPU
         # reductions of a large tensor split their sums by the intra-op
         # thread count (an embedding's squared norm differs in the last
@@ -133,20 +150,8 @@ class TrainStep:
             grads, self.noise_groups, factors)
         self._squared_norms = (
             tf.function(norms, jit_compile=True)
-            if _compat.op_determinism_enabled() and not jit
+            if _compat.op_determinism_enabled() and not config.jit_compile
             else norms)
-        self._after_reduce = tf.function(self._after_reduce_fn,
-                                         jit_compile=compiled)
-        self._update = tf.function(
-            self._update_fn,
-            jit_compile=self.jit_update and sharded is None)
-        self.execute = tf.function(self._execute)
-        self.compute = tf.function(self._compute)
-        self.sync = tf.function(self._sync)
-        self.apply = tf.function(self._apply)
-        # Values this object copied from the device to Python (each a wait
-        # for the device): the loop's cost that does not show in a profile.
-        self.host_reads = 0
 
     # ---- per replica -----------------------------------------------------
 

@@ -81,7 +81,7 @@ class RowLayout:
     LOSS = 0
     STOP = 1
     PREEMPT = 2
-    FLAGS = 2  # stop, preempt
+    SIGNALS = 2  # the stop and preempt flags
     _NOISE = 3  # where the noise numbers start
 
     @property
@@ -97,7 +97,7 @@ class RowLayout:
     @property
     def reduced_width(self) -> int:
         """The all-reduced part: the replica's part and the two flags."""
-        return self.replica_width + self.FLAGS
+        return self.replica_width + self.SIGNALS
 
     @property
     def size(self) -> int:

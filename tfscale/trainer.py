@@ -28,24 +28,16 @@ from absl import logging
 
 from tfscale import _compat
 from tfscale import callback_files
-from tfscale import collectives as collectives_lib
 from tfscale import evaluation
 from tfscale import fail_fast
 from tfscale import fit_arguments
 from tfscale import memory
-from tfscale import noise_scale as noise_lib
-from tfscale import precision as precision_lib
-from tfscale import resume as resume_lib
-from tfscale import zero
-from tfscale.optim.adascale import find_adascale
+from tfscale import trainer_parts
 from tfscale.preemption import Preempted, SignalWatch
-from tfscale.replica_feed import ReplicaFeed, input_error, is_input_error
+from tfscale.replica_feed import input_error, is_input_error
 from tfscale.reporting import IntervalReport
-from tfscale.run_position import RunPosition
-from tfscale.step import TrainStep
 from tfscale.timing import StepTimer
-from tfscale.train_config import TrainConfig, check_fits
-
+from tfscale.train_config import TrainConfig
 
 class Trainer:
     """Trains a Keras 3 model under a `tf.distribute` strategy.
@@ -85,68 +77,38 @@ class Trainer:
                  strategy, config: TrainConfig,
                  metrics: Sequence[keras.metrics.Metric] = (),
                  backend="mwms"):
-        self.collectives = (collectives_lib.make(backend, strategy)
-                            if isinstance(backend, str) else backend)
-        divisor = self.collectives.num_replicas * config.num_accumulation_steps
-        check_fits(model, config, self.collectives.num_replicas)
-        shards = (config.shard_optimizer_state
-                  and self.collectives.num_replicas > 1)
-        # A LossScaleOptimizer gives its inner optimizer: the Trainer scales
-        # the loss itself, after the all-reduce. Not built when sharded
-        # (its sharded update keeps the slots: `zero.py`).
-        optimizer, scaled = precision_lib.unwrap_loss_scaling(model,
-                                                              optimizer)
-        with strategy.scope():
-            if not shards:
-                optimizer.build(model.trainable_variables)
-            self.loss_scale = (precision_lib.loss_scale(
-                config.initial_loss_scale, config.dynamic_loss_scale)
-                if scaled else None)
-        self._sharded = (zero.sharded_optimizer(
-            optimizer, model.trainable_variables, self.collectives, strategy,
-            jit_compile=config.jit_compile or config.compile_update,
-            noise_mode=config.noise_scale.mode) if shards else None)
+        self.metrics = list(metrics)
+        # The input of the current `fit` (a `ReplicaFeed`): None between
+        # fits; the step reads it through the lambda below.
+        self._feed = None
+        parts = trainer_parts.assemble(
+            model=model, optimizer=optimizer, loss_fn=loss_fn,
+            strategy=strategy, config=config, metrics=self.metrics,
+            backend=backend,
+            feed=lambda iterator, k: self._feed.take(iterator, k))
         self.model = model
-        self.optimizer = optimizer
+        self.optimizer = parts.optimizer
         self.strategy = strategy
         self.config = config
-        self.metrics = list(metrics)
+        self.collectives = parts.collectives
         self.is_chief = self.collectives.is_chief
         self.num_workers = self.collectives.num_workers
         self.worker_index = self.collectives.worker_index
-        self.per_replica_batch_size = config.global_batch_size // divisor
+        self.per_replica_batch_size = parts.per_replica_batch_size
+        self.loss_scale = parts.loss_scale
+        self.position = parts.position
+        self.noise_scale = parts.noise_scale
+        self._sharded = parts.sharded
+        self._train_step = parts.train_step
+        self._adascale = parts.adascale
+        self._eval_step = parts.eval_step
+        self._keeper = parts.keeper
+        self._resume = parts.resume
         if self.num_workers > 1:
             # An uncaught exception on this worker ends the job at once
             # (not after a collective timeout): see fail_fast.py.
             fail_fast.install(f"worker {self.worker_index}",
                               self.collectives.abort)
-        self.position = RunPosition(config.global_batch_size)
-        _compat.disable_gradient_aggregation(optimizer)
-        # Keras callbacks (TensorBoard, BackupAndRestore, ModelCheckpoint)
-        # look for the optimizer where `compile` would have put it.
-        model.optimizer = optimizer
-        # The input of the current `fit` (a `ReplicaFeed`): None between
-        # fits; the step reads it through the lambda below.
-        self._feed = None
-        self._train_step = TrainStep(
-            model=model, optimizer=optimizer, loss_fn=loss_fn,
-            metrics=self.metrics, strategy=strategy,
-            collectives=self.collectives, config=config,
-            feed=lambda iterator, k: self._feed.take(iterator, k),
-            loss_scale=self.loss_scale, sharded=self._sharded)
-        # The gradient noise scale's running estimates (noise_scale.py).
-        self.noise_scale = (
-            noise_lib.NoiseScale(config.noise_scale,
-                                 self._train_step.noise_groups,
-                                 config.global_batch_size,
-                                 optimizer=type(optimizer).__name__.lower())
-            if self._train_step.measures_noise else None)
-        self._adascale = find_adascale(
-            optimizer, self.noise_scale, config.noise_scale.mode,
-            self._train_step.micro_batches_per_step)
-        self._eval_step = evaluation.EvalStep(
-            model=model, loss_fn=loss_fn, metrics=self.metrics,
-            strategy=strategy, collectives=self.collectives)
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
         self._interval = IntervalReport(
             self.timer, loss_scale=self.loss_scale,
@@ -156,28 +118,6 @@ class Trainer:
         self.checkpoint_path = None
         self._saved_step = None
         self._verbose = config.verbose
-        self._keeper = (resume_lib.make_keeper(
-            config, model, self._checkpointed_optimizer(), self.position,
-            self.collectives, loss_scale=self.loss_scale,
-            metrics=self.metrics, noise_scale=self.noise_scale,
-            adascale=self._adascale)
-            if config.checkpoint_dir else None)
-        self._resume = resume_lib.Resume(
-            model=model, optimizer=optimizer, metrics=self.metrics,
-            collectives=self.collectives, position=self.position,
-            keeper=self._keeper, noise_scale=self.noise_scale,
-            make_feed=self._make_feed,
-            per_replica_batch_size=self.per_replica_batch_size,
-            batch_words=(
-                f"global batch {config.global_batch_size} over "
-                f"{self.collectives.num_replicas} replica(s) x "
-                f"{config.num_accumulation_steps} accumulation step(s)"))
-
-    def _checkpointed_optimizer(self):
-        """What checkpoints hold of the optimizer: its slots whole, in the
-        unsharded layout, also when sharded."""
-        return (self._sharded.checkpoint_view() if self._sharded is not None
-                else self.optimizer)
 
     @property
     def optimizer_state_bytes(self) -> int:
@@ -213,18 +153,8 @@ class Trainer:
             ValueError: The model is not compiled, or its loss is a list or
                 dict (one loss per output is not supported).
         """
-        if getattr(model, "optimizer", None) is None or not getattr(
-                model, "compiled", False):
-            raise ValueError("compile the model first (optimizer, loss, "
-                             "metrics), or use the Trainer constructor")
-        loss = model.loss
-        if isinstance(loss, (list, tuple, dict)) or loss is None:
-            raise ValueError(f"the compiled loss must be one loss, got "
-                             f"{loss!r}; pass loss_fn to the constructor")
-        if isinstance(loss, str):
-            loss = keras.losses.get(loss)
-        metrics = _compat.compiled_metrics(model)
-        return cls(model=model, optimizer=model.optimizer, loss_fn=loss,
+        optimizer, loss, metrics = fit_arguments.compiled_parts(model)
+        return cls(model=model, optimizer=optimizer, loss_fn=loss,
                    strategy=strategy or model.distribute_strategy,
                    config=config, metrics=metrics, backend=backend)
 
@@ -326,12 +256,6 @@ class Trainer:
         return evaluation.evaluation_input(
             data, global_batch_size=self.config.global_batch_size,
             per_replica_batch_size=self.per_replica_batch_size, **arrays)
-
-    def _make_feed(self, dataset_fn) -> ReplicaFeed:
-        return ReplicaFeed(self.strategy, dataset_fn,
-                         num_replicas=self.collectives.num_replicas,
-                         num_workers=self.num_workers,
-                         worker_index=self.worker_index)
 
     def _fit(self, dataset_fn, callbacks, callback_list, worker_dir, watch,
              steps_per_epoch, epochs, validation_fn, validation_steps,

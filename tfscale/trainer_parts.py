@@ -1,0 +1,132 @@
+"""The Trainer's parts, built in the one order that works (`assemble`).
+
+Each part needs some before it: the collectives (how workers sum) give the
+replica count the batch is checked against; the optimizer is unwrapped
+from fp16's `LossScaleOptimizer` and built (or sharded, `zero.py`) before
+the step is traced; the step's noise groups define the noise scale; the
+noise scale is what AdaScale follows; the checkpoint holds all of them;
+the resume restores it (`resume.py`). The Trainer (`trainer.py`) then runs
+the loop over them.
+"""
+
+import dataclasses
+import functools
+from typing import Any, Callable, Optional
+
+from tfscale import _compat
+from tfscale import collectives as collectives_lib
+from tfscale import evaluation
+from tfscale import noise_scale as noise_lib
+from tfscale import precision as precision_lib
+from tfscale import resume as resume_lib
+from tfscale import zero
+from tfscale.optim.adascale import find_adascale
+from tfscale.replica_feed import ReplicaFeed
+from tfscale.run_position import RunPosition
+from tfscale.step import TrainStep
+from tfscale.train_config import TrainConfig, check_fits
+
+
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """What a Trainer is made of (see `assemble`)."""
+
+    collectives: Any
+    optimizer: Any  # the one updated with (a LossScaleOptimizer's inner)
+    loss_scale: Optional[precision_lib.DynamicLossScale]
+    sharded: Optional[zero.ShardedOptimizer]
+    per_replica_batch_size: int
+    position: RunPosition
+    train_step: TrainStep
+    noise_scale: Optional[noise_lib.NoiseScale]
+    adascale: Any  # the optimizer's AdaScale schedule, or None
+    eval_step: evaluation.EvalStep
+    keeper: Any  # a checkpointing.CheckpointKeeper, or None
+    resume: resume_lib.Resume
+
+
+def _optimizer(model, optimizer, strategy, config: TrainConfig,
+               collectives):
+    """(the optimizer updated with, fp16's loss scale or None, the sharded
+    update or None). A LossScaleOptimizer gives its inner optimizer: the
+    Trainer scales the loss itself, after the all-reduce. Not built when
+    sharded (its sharded update keeps the slots: `zero.py`)."""
+    shards = config.shard_optimizer_state and collectives.num_replicas > 1
+    optimizer, scaled = precision_lib.unwrap_loss_scaling(model, optimizer)
+    with strategy.scope():
+        if not shards:
+            optimizer.build(model.trainable_variables)
+        loss_scale = (precision_lib.loss_scale(config.initial_loss_scale,
+                                               config.dynamic_loss_scale)
+                      if scaled else None)
+    sharded = (zero.sharded_optimizer(
+        optimizer, model.trainable_variables, collectives, strategy,
+        jit_compile=config.jit_compile or config.compile_update,
+        noise_mode=config.noise_scale.mode) if shards else None)
+    return optimizer, loss_scale, sharded
+
+
+def assemble(*, model, optimizer, loss_fn: Callable, strategy,
+             config: TrainConfig, metrics: list, backend,
+             feed: Callable) -> Parts:
+    """The Trainer's parts (its constructor's arguments; `feed` is the
+    step's `fn(iterator, k)`, reading the current fit's input).
+
+    Raises:
+        ConfigError: What the config asks that the parts cannot do.
+        ValueError: The global batch does not divide into replicas x
+            accumulation steps, or the model is not built.
+    """
+    collectives = (collectives_lib.make(backend, strategy)
+                   if isinstance(backend, str) else backend)
+    replicas = collectives.num_replicas
+    check_fits(model, config, replicas)
+    optimizer, loss_scale, sharded = _optimizer(model, optimizer, strategy,
+                                                config, collectives)
+    position = RunPosition(config.global_batch_size)
+    _compat.disable_gradient_aggregation(optimizer)
+    # Keras callbacks (TensorBoard, BackupAndRestore, ModelCheckpoint)
+    # look for the optimizer where `compile` would have put it.
+    model.optimizer = optimizer
+    train_step = TrainStep(
+        model=model, optimizer=optimizer, loss_fn=loss_fn, metrics=metrics,
+        strategy=strategy, collectives=collectives, config=config,
+        feed=feed, loss_scale=loss_scale, sharded=sharded)
+    # The gradient noise scale's running estimates (noise_scale.py).
+    noise_scale = (
+        noise_lib.NoiseScale(config.noise_scale, train_step.noise_groups,
+                             config.global_batch_size,
+                             optimizer=type(optimizer).__name__.lower())
+        if train_step.measures_noise else None)
+    adascale = find_adascale(optimizer, noise_scale, config.noise_scale.mode,
+                             train_step.micro_batches_per_step)
+    # Checkpoints hold the slots whole, in the unsharded layout.
+    keeper = (resume_lib.make_keeper(
+        config, model,
+        sharded.checkpoint_view() if sharded is not None else optimizer,
+        position, collectives, loss_scale=loss_scale, metrics=metrics,
+        noise_scale=noise_scale, adascale=adascale)
+        if config.checkpoint_dir else None)
+    per_replica = (config.global_batch_size
+                   // (replicas * config.num_accumulation_steps))
+    make_feed = functools.partial(
+        ReplicaFeed, strategy, num_replicas=replicas,
+        num_workers=collectives.num_workers,
+        worker_index=collectives.worker_index)
+    resume = resume_lib.Resume(
+        model=model, optimizer=optimizer, metrics=metrics,
+        collectives=collectives, position=position, keeper=keeper,
+        noise_scale=noise_scale, make_feed=make_feed,
+        per_replica_batch_size=per_replica, batch_words=(
+            f"global batch {config.global_batch_size} over {replicas} "
+            f"replica(s) x {config.num_accumulation_steps} accumulation "
+            "step(s)"))
+    return Parts(
+        collectives=collectives, optimizer=optimizer, loss_scale=loss_scale,
+        sharded=sharded, per_replica_batch_size=per_replica,
+        position=position, train_step=train_step, noise_scale=noise_scale,
+        adascale=adascale,
+        eval_step=evaluation.EvalStep(
+            model=model, loss_fn=loss_fn, metrics=metrics, strategy=strategy,
+            collectives=collectives),
+        keeper=keeper, resume=resume)
