@@ -278,16 +278,19 @@ def test_nvidia_phase1_then_phase2_on_two_mpi_ranks(corpus, tmp_path):  # noqa: 
 def test_loss_scale_settings_reach_the_trainers_scale():
     """--init_loss_scale: dynamic from that scale; --loss_scale=N: fixed
     (neither grows nor falls)."""
-    from tfscale import trainer
+    from tfscale import precision
     from tfscale.train_config import TrainConfig
-    first = trainer._loss_scale(TrainConfig(global_batch_size=8,
-                                            initial_loss_scale=2.0**32))
+
+    def scale_of(config):
+        return precision.loss_scale(config.initial_loss_scale,
+                                    config.dynamic_loss_scale)
+    first = scale_of(TrainConfig(global_batch_size=8,
+                                 initial_loss_scale=2.0**32))
     assert float(first.scale.numpy()) == 2.0**32
     first.update(False)
     assert float(first.scale.numpy()) == 2.0**31
-    fixed = trainer._loss_scale(TrainConfig(global_batch_size=8,
-                                            initial_loss_scale=128.0,
-                                            dynamic_loss_scale=False))
+    fixed = scale_of(TrainConfig(global_batch_size=8, initial_loss_scale=128.0,
+                                 dynamic_loss_scale=False))
     for finite in (False, True, True):
         fixed.update(finite)
         assert float(fixed.scale.numpy()) == 128.0
