@@ -310,7 +310,7 @@ def test_a_fit_restores_once_and_builds_its_positioned_input_once(
     with pytest.raises(KeyboardInterrupt):
         run("killed", epochs=2, callbacks=[Die()])
     assert os.path.exists(tmp_path / "b_killed")
-    run("killed", epochs=2)  # BackupAndRestore loads epoch 0's end first
+    run("killed", epochs=2)  # ckpt-6 read; the backup of epoch 0 not loaded
     assert (run.starts, run.restores) == ([96], 1)
 
 

@@ -8,6 +8,7 @@ first call logs one warning naming the shim, so that a failure after an
 upgrade points here. Shims whose private name is gone raise, naming it.
 """
 
+import contextlib
 import functools
 import glob
 import json
@@ -447,6 +448,27 @@ def restored_epoch(model):
     """The epoch Keras 3's `BackupAndRestore` restored in `on_train_begin`
     (it sets `model._initial_epoch`, not public API), or None."""
     return getattr(model, "_initial_epoch", None)
+
+
+@shim
+@contextlib.contextmanager
+def backups_not_loaded(callbacks, skip: bool):
+    """Inside: every `keras.callbacks.BackupAndRestore` in `callbacks`
+    loads nothing in `on_train_begin` when `skip` (the Trainer's checkpoint
+    was restored and wins): Keras 3's private `_load_model` is replaced by
+    a no-op on each instance, and put back after."""
+    skipped = []
+    if skip:
+        for callback in callbacks:
+            if isinstance(callback, keras.callbacks.BackupAndRestore):
+                _require_backup_attributes(callback, ["_load_model"])
+                callback._load_model = lambda: None
+                skipped.append(callback)
+    try:
+        yield
+    finally:
+        for callback in skipped:
+            del callback._load_model
 
 
 @shim

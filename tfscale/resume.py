@@ -6,10 +6,10 @@ It reads top to bottom:
    them when it created them); a checkpoint overrides them below;
 2. `compile`'s metrics are built from one batch's shapes: their variables
    are in checkpoints and in `BackupAndRestore`'s backups;
-3. the callbacks' `on_train_begin` runs: a `BackupAndRestore` loads its
-   backup and names its epoch;
-4. the latest checkpoint, if any, is restored: once, after the callbacks,
-   so the Trainer's checkpoint wins over a `BackupAndRestore`'s weights;
+3. the latest checkpoint, if any, is restored, once;
+4. the callbacks' `on_train_begin` runs, seeing the restored weights: a
+   `BackupAndRestore` loads its backup and names its epoch, unless the
+   checkpoint was restored (it wins: the backup is then not loaded);
 5. the start: the checkpoint's step; without one, `BackupAndRestore`'s
    epoch, or a fresh run's `initial_epoch`;
 6. the input is put there once: a positioned input (`dataset_fn.at`, the
@@ -138,8 +138,10 @@ class Resume:
                 lambda: (feed.iterator.element_spec if feed is not None
                          else self._element_spec(dataset_fn)))
             _compat.clear_restored_epoch(self._model)
-            callbacks.on_train_begin()
             restored = self._restore(feed, dataset_fn)
+            with _compat.backups_not_loaded(callbacks.callbacks,
+                                            skip=bool(restored)):
+                callbacks.on_train_begin()
             if not restored:
                 self._start_where_callbacks_say(steps_per_epoch,
                                                 initial_epoch)
