@@ -1,6 +1,6 @@
-"""Private TensorFlow and Keras names live in tfscale/_compat.py only, and
-each shim there says, once, when it runs on versions it was not checked
-with."""
+"""Private TensorFlow and Keras names live in tfscale/_compat.py and
+tfscale/_compat_callbacks.py only, and each shim there says, once, when it
+runs on versions it was not checked with."""
 
 import ast
 import io
@@ -12,6 +12,7 @@ import tokenize
 import pytest
 
 from tfscale import _compat
+from tfscale import _compat_callbacks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("tfscale", "input_pipelines", "models", "launch")
@@ -28,7 +29,8 @@ KNOWN_PRIVATE = ("_get_variable_index", "_all_reduce_sum_gradients",
 
 
 # tfscale's own private modules.
-OWN_PRIVATE = ("_compat", "_state", "_unsupported")
+OWN_PRIVATE = ("_compat", "_compat_callbacks", "_state", "_unsupported")
+COMPAT = ("_compat.py", "_compat_callbacks.py")
 
 
 def code_only(text: str) -> list:
@@ -71,7 +73,7 @@ def test_private_names_only_in_compat():
     offenders = [f"{path.relative_to(REPO)}:{number}: {line}"
                  for package in PACKAGES
                  for path in sorted((REPO / package).rglob("*.py"))
-                 if path.name != "_compat.py"
+                 if path.name not in COMPAT
                  for number, line in private_uses(path.read_text())]
     assert offenders == []
 
@@ -90,13 +92,15 @@ def test_the_rule_catches_what_it_is_for():
 
 
 def test_every_shim_is_gated_on_the_versions_it_was_checked_with():
-    module = ast.parse((REPO / "tfscale" / "_compat.py").read_text())
-    shims = [node.name for node in module.body
-             if isinstance(node, ast.FunctionDef)
-             and node.name not in ("unverified", "shim")]
-    assert len(shims) >= 15
-    for name in shims:
-        assert getattr(_compat, name).checked_with == _compat.CHECKED_WITH, \
+    shims = []
+    for module in (_compat, _compat_callbacks):
+        tree = ast.parse(pathlib.Path(module.__file__).read_text())
+        shims += [(module, node.name) for node in tree.body
+                  if isinstance(node, ast.FunctionDef)
+                  and node.name not in ("unverified", "shim")]
+    assert len(shims) >= 25
+    for module, name in shims:
+        assert getattr(module, name).checked_with == _compat.CHECKED_WITH, \
             name
 
 
@@ -107,14 +111,14 @@ def test_an_unchecked_version_is_named_once_per_shim(monkeypatch, caplog):
     monkeypatch.setattr(_compat, "_UNVERIFIED", "Keras 3.99")
     monkeypatch.setattr(_compat, "_warned", set())
     caplog.set_level(logging.WARNING)
-    _compat.tensorboard_writers(object())
-    _compat.tensorboard_writers(object())
+    _compat_callbacks.tensorboard_writers(object())
+    _compat_callbacks.tensorboard_writers(object())
     _compat.in_xla_context()
     said = [r.getMessage() for r in caplog.records
             if "checked with TensorFlow 2.21 and Keras 3.15" in
             r.getMessage()]
     assert len(said) == 2, said
-    assert "_compat.tensorboard_writers" in said[0]
+    assert "_compat_callbacks.tensorboard_writers" in said[0]
     assert "this is Keras 3.99" in said[0]
 
 
@@ -122,4 +126,4 @@ def test_a_missing_private_name_is_named():
     class NotABackup:
         backup_dir = "x"
     with pytest.raises(RuntimeError, match="BackupAndRestore._weights_path"):
-        _compat.redirect_backup(NotABackup(), "/tmp/b")
+        _compat_callbacks.redirect_backup(NotABackup(), "/tmp/b")

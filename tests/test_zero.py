@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 from tfscale import zero
+from tfscale import zero_layout
 from tfscale.errors import ConfigError
 from tfscale.optim import Lamb
 from tfscale.optim.schedules import WarmupPolynomialDecay
@@ -27,7 +28,7 @@ SHAPES = [(7, 5), (5,), (1,), (13, 3), (3,), (4, 4, 2), (2,)]
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 200])
 def test_layout_puts_every_element_in_one_shard(n):
-    layout = zero.Layout(SHAPES, n, 0)
+    layout = zero_layout.Layout(SHAPES, n, 0)
     seen = []
     for r in range(n):
         for p in layout.pieces_of(r):

@@ -1,19 +1,15 @@
 """Version workarounds for TensorFlow and Keras, each with what it works around.
 
 Everything in tfscale that touches a private TensorFlow or Keras name does it
-here, so an upgrade has one file to check. Each shim is gated on the versions
+here or, for Keras's callbacks (TensorBoard, BackupAndRestore), in
+`_compat_callbacks.py`, so an upgrade has two files to check. Each shim is gated on the versions
 it was verified against (`CHECKED_WITH`: TensorFlow 2.21, Keras 3.15): on
 others it still runs, since a private name often survives a release, but the
 first call logs one warning naming the shim, so that a failure after an
 upgrade points here. Shims whose private name is gone raise, naming it.
 """
 
-import contextlib
 import functools
-import glob
-import json
-import os
-import shutil
 
 import keras
 import tensorflow as tf
@@ -41,14 +37,16 @@ _warned = set()  # shims that said so once
 def shim(fn):
     """Marks `fn` as a shim checked with `CHECKED_WITH`: on other versions
     its first call logs which shim to suspect."""
+    name = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
+
     @functools.wraps(fn)
     def checked(*args, **kwargs):
-        if _UNVERIFIED and fn.__name__ not in _warned:
-            _warned.add(fn.__name__)
+        if _UNVERIFIED and name not in _warned:
+            _warned.add(name)
             logging.warning(
-                "tfscale: _compat.%s uses private TensorFlow/Keras names "
+                "tfscale: %s uses private TensorFlow/Keras names "
                 "checked with TensorFlow %s and Keras %s; this is %s (if it "
-                "fails, look there first)", fn.__name__,
+                "fails, look there first)", name,
                 ".".join(map(str, CHECKED_WITH["TensorFlow"])),
                 ".".join(map(str, CHECKED_WITH["Keras"])), _UNVERIFIED)
         return fn(*args, **kwargs)
@@ -227,19 +225,6 @@ def build_compiled_metrics(model, metrics, element_spec_fn) -> None:
 
 
 @shim
-def continue_tensorboard_steps(callbacks, step: int) -> None:
-    """Makes Keras's TensorBoard callbacks count steps from `step`.
-
-    `keras.callbacks.TensorBoard.on_train_begin` resets its private batch
-    counter to 0, so after a resume every scalar would be written again at
-    steps 1, 2, ... over the first run's. Call after `on_train_begin`.
-    """
-    for callback in callbacks:
-        if isinstance(callback, keras.callbacks.TensorBoard):
-            callback._global_train_batch = step
-
-
-@shim
 def new_host_tensor(shape, dtype):
     """(an uninitialised tensor in host memory, a writable NumPy view of its
     buffer), for MPI to fill in place (eager).
@@ -256,16 +241,6 @@ def new_host_tensor(shape, dtype):
         raise RuntimeError("tfscale: this TensorFlow's host tensors give no "
                            "writable view (checked with 2.21)")
     return tensor, view
-
-
-@shim
-def tensorboard_writers(callback) -> list:
-    """The summary writers a `keras.callbacks.TensorBoard` has opened.
-
-    Keras 3.15 keeps them in the private `_writers` dict (train, val) and
-    flushes them only when a run ends normally (`on_train_end`).
-    """
-    return list(getattr(callback, "_writers", {}).values())
 
 
 @shim
@@ -435,167 +410,3 @@ def op_determinism_enabled() -> bool:
     (TensorFlow 2.21 exports no reader of it)."""
     from tensorflow.python.framework import config
     return bool(config.is_op_determinism_enabled())
-
-
-@shim
-def clear_restored_epoch(model) -> None:
-    """Forgets the epoch a `BackupAndRestore` callback restored before."""
-    model._initial_epoch = None
-
-
-@shim
-def restored_epoch(model):
-    """The epoch Keras 3's `BackupAndRestore` restored in `on_train_begin`
-    (it sets `model._initial_epoch`, not public API), or None."""
-    return getattr(model, "_initial_epoch", None)
-
-
-@shim
-@contextlib.contextmanager
-def backups_not_loaded(callbacks, skip: bool):
-    """Inside: every `keras.callbacks.BackupAndRestore` in `callbacks`
-    loads nothing in `on_train_begin` when `skip` (the Trainer's checkpoint
-    was restored and wins): Keras 3's private `_load_model` is replaced by
-    a no-op on each instance, and put back after."""
-    skipped = []
-    if skip:
-        for callback in callbacks:
-            if isinstance(callback, keras.callbacks.BackupAndRestore):
-                _require_backup_attributes(callback, ["_load_model"])
-                callback._load_model = lambda: None
-                skipped.append(callback)
-    try:
-        yield
-    finally:
-        for callback in skipped:
-            del callback._load_model
-
-
-@shim
-def _require_backup_attributes(callback, names) -> None:
-    """Raises naming the first of BackupAndRestore's private `names` this
-    Keras lacks."""
-    missing = [n for n in names if not hasattr(callback, n)]
-    if missing:
-        raise RuntimeError(f"tfscale: this Keras ({keras.__version__}) has no "
-                           f"BackupAndRestore.{missing[0]} (checked with "
-                           "3.15)")
-
-
-@shim
-def redirect_backup(callback, backup_dir: str) -> None:
-    """Points a `keras.callbacks.BackupAndRestore`'s writes at `backup_dir`.
-
-    Keras 3.15 derives four private paths from `backup_dir` in `__init__`
-    (the weights, the training metadata and their ".bkp" copies), so setting
-    `backup_dir` later moves nothing by itself.
-    """
-    _require_backup_attributes(callback, (
-        "_weights_path", "_training_metadata_path", "_prev_weights_path",
-        "_prev_training_metadata_path"))
-    callback.backup_dir = backup_dir
-    callback._weights_path = os.path.join(backup_dir, "latest.weights.h5")
-    callback._training_metadata_path = os.path.join(
-        backup_dir, "training_metadata.json")
-    callback._prev_weights_path = callback._weights_path + ".bkp"
-    callback._prev_training_metadata_path = (
-        callback._training_metadata_path + ".bkp")
-
-
-@shim
-def atomic_backup(callback) -> None:
-    """Makes a `keras.callbacks.BackupAndRestore` commit its backup at one
-    point, durably.
-
-    Keras 3.15's `_save_model` writes `latest.weights.h5` and the training
-    metadata in place: a process killed while writing them (a launcher's
-    SIGKILL, the OOM killer) leaves a truncated file, and the restart fails
-    in `on_train_begin`; two renames would leave, killed between them, the
-    newer weights under the older epoch. Here the weights go to a hidden
-    file of their own, then the metadata (epoch, batch and that file's name)
-    is renamed into place: the commit. Last the weights file is renamed
-    over `latest.weights.h5`; a kill before that is finished by the next
-    restore (`_load_model` first moves the file the metadata names into
-    place). Each file is flushed to disk before its rename, and the folder
-    after it (`durable.replace`). So a kill at any point restores the
-    previous backup whole or the new one whole.
-    """
-    _require_backup_attributes(callback, (
-        "_weights_path", "_training_metadata_path", "_current_epoch",
-        "_last_batch_seen", "_prev_weights_path",
-        "_prev_training_metadata_path", "_load_model"))
-    if getattr(callback, "_tfscale_atomic", False):
-        return
-    load_model = callback._load_model
-
-    def settled_load_model():
-        _settle_backup(callback)
-        load_model()
-
-    callback._save_model = lambda: _save_backup(callback)
-    callback._load_model = settled_load_model
-    callback._tfscale_atomic = True
-
-
-@shim
-def _settle_backup(callback) -> None:
-    """Moves the weights the committed metadata names into place (a save
-    killed after its commit)."""
-    from tfscale import durable
-    try:
-        with open(callback._training_metadata_path) as f:
-            named = json.load(f).get("tfscale_weights")
-    except (OSError, ValueError):
-        return
-    if not named:
-        return
-    folder = os.path.dirname(callback._weights_path)
-    pending = os.path.join(folder, named)
-    if not os.path.exists(pending):
-        return  # in place already
-    try:
-        os.replace(pending, callback._weights_path)
-    except FileNotFoundError:
-        return  # put in place by another worker just now
-    durable.flush_folder(folder)
-
-
-@shim
-def _save_backup(callback) -> None:
-    """`BackupAndRestore._save_model`, committed at one point."""
-    from tfscale import durable
-    os.makedirs(callback.backup_dir, exist_ok=True)
-    _settle_backup(callback)
-    # What an attempt killed mid-write left (hidden, uuid-named).
-    for final in (callback._weights_path, callback._training_metadata_path,
-                  callback._prev_weights_path,
-                  callback._prev_training_metadata_path):
-        folder, base = os.path.split(final)
-        for left in glob.glob(os.path.join(glob.escape(folder),
-                                           f".{'[0-9a-f]' * 32}.{base}")):
-            os.remove(left)
-    if callback.double_checkpoint:
-        for latest, previous in (
-                (callback._weights_path, callback._prev_weights_path),
-                (callback._training_metadata_path,
-                 callback._prev_training_metadata_path)):
-            if os.path.exists(latest):
-                durable.commit(lambda p, s=latest: shutil.copyfile(s, p),
-                               previous)
-    weights = durable.hidden_name(callback._weights_path)
-    metadata = {"epoch": callback._current_epoch,
-                "batch": callback._last_batch_seen,
-                "tfscale_weights": os.path.basename(weights)}
-
-    def write_metadata(path):
-        with open(path, "w") as f:
-            json.dump(metadata, f)
-    try:
-        callback.model.save_weights(weights, overwrite=True)
-        durable.flush_file(weights)
-        durable.commit(write_metadata, callback._training_metadata_path)
-    except BaseException:
-        if os.path.exists(weights):
-            os.remove(weights)
-        raise
-    _settle_backup(callback)

@@ -26,7 +26,7 @@ from absl import logging
 
 import keras
 
-from tfscale import _compat
+from tfscale import _compat_callbacks
 
 # Callback class -> attributes that name where it writes.
 _WRITE_TARGETS = (
@@ -55,11 +55,11 @@ def route_writes(callbacks, worker_dir: str) -> None:
 
 def make_backups_atomic(callbacks) -> None:
     """Every BackupAndRestore writes its backup through files renamed into
-    place (`_compat.atomic_backup`): a worker killed while writing it leaves
-    the previous backup whole."""
+    place (`_compat_callbacks.atomic_backup`): a worker killed while
+    writing it leaves the previous backup whole."""
     for callback in callbacks:
         if isinstance(callback, keras.callbacks.BackupAndRestore):
-            _compat.atomic_backup(callback)
+            _compat_callbacks.atomic_backup(callback)
 
 
 def route_backup_writes(callbacks, worker_dir: str) -> None:
@@ -69,8 +69,8 @@ def route_backup_writes(callbacks, worker_dir: str) -> None:
     """
     for callback in callbacks:
         if isinstance(callback, keras.callbacks.BackupAndRestore):
-            _compat.redirect_backup(callback,
-                                    os.path.join(worker_dir, "backup"))
+            _compat_callbacks.redirect_backup(
+                callback, os.path.join(worker_dir, "backup"))
 
 
 def close_writers(callbacks) -> None:
@@ -81,7 +81,7 @@ def close_writers(callbacks) -> None:
     for callback in callbacks:
         try:
             if isinstance(callback, keras.callbacks.TensorBoard):
-                for writer in _compat.tensorboard_writers(callback):
+                for writer in _compat_callbacks.tensorboard_writers(callback):
                     writer.close()
             elif isinstance(callback, keras.callbacks.CSVLogger):
                 csv_file = getattr(callback, "csv_file", None)

@@ -12,8 +12,8 @@
 `run` does the rest on each worker: it joins the cluster (TF_CONFIG, SLURM
 or MPI) before TensorFlow's first op, builds the model and optimizer under
 the strategy, trains with the Trainer (resuming from the latest checkpoint),
-evaluates, and writes `summary.json`. The BERT job
-(`models/tasks/pretraining.py`), the image job
+evaluates, and writes `summary.json` (what it prints: `job_lines.py`).
+The BERT job (`models/tasks/pretraining.py`), the image job
 (`models/tasks/image_classification.py`) and the time-to-accuracy study
 (`benchmarks/time_to_accuracy.py`) are `Task`s. An entry point turns its
 flags into the config through `tfscale.cli.entry_point`, whose
@@ -34,8 +34,8 @@ from tfscale import checkpointing
 from tfscale import cluster as cluster_lib
 from tfscale import strategies
 from tfscale import collectives
+from tfscale import job_lines
 from tfscale import xla_flags
-from tfscale import noise_advice
 from tfscale import precision as precision_lib
 from tfscale.cluster import ClusterConfig
 from tfscale.errors import FLAG_OF_FIELD, ConfigError
@@ -241,7 +241,7 @@ def run(task: Task) -> dict:
         cluster=config.cluster, train=config.train)
     speaks = info.is_chief and config.train.verbose > 0
     if speaks:
-        print(run_summary(task, info, trainer, built, xla), flush=True)
+        print(job_lines.before(task, info, trainer, built, xla), flush=True)
 
     start = time.perf_counter()
     initial = _initial_weights(task, trainer, built.model)
@@ -268,7 +268,8 @@ def run(task: Task) -> dict:
         with open(os.path.join(config.output_dir, "summary.json"), "w") as f:
             json.dump(results, f, indent=2)
         if speaks:
-            print(done_summary(task.title, results, task.unit), flush=True)
+            print(job_lines.after(task.title, results, task.unit),
+                  flush=True)
     # Exit together, once the chief's files are written.
     trainer.leave_together()
     return results
@@ -419,90 +420,3 @@ def run_results(trainer: Trainer, info, backend: str, wall_seconds: float,
                             if trainer.noise_scale else None),
             "adascale": trainer.adascale_summary(),
             **trainer.memory_summary()}
-
-
-def run_summary(task: Task, info, trainer: Trainer, built: Built,
-                xla: Optional[xla_flags.XlaSetup] = None) -> str:
-    """The lines the chief prints before training: workers, numerics (with
-    the XLA flags composed, `xla`), the task's model and data, the
-    optimizer."""
-    optim = task.config.optim
-    if built.optimizer is not None:
-        optimizer = (f"optimizer {type(built.optimizer).__name__} (the "
-                     f"task's own), {optim.total_steps} steps")
-    else:
-        scaling = optim.scaling_rule
-        if scaling != "none" and optim.reference_batch_size:
-            scaling += f" from batch {optim.reference_batch_size}"
-        optimizer = (f"optimizer {optim.optimizer}, lr "
-                     f"{optim.learning_rate:g} ({optim.schedule}, warmup "
-                     f"{optim.warmup_steps}, scaling {scaling}), "
-                     f"{optim.total_steps} steps")
-    return "\n".join([
-        task.title, *("  " + note for note in task.config.notes),
-        workers_line(info, trainer),
-        numerics_line(trainer.config, task.config.cluster),
-        *([f"  XLA on a GPU: {xla.description}"] if xla else []),
-        *("  " + line for line in task.describe(built.model)),
-        "  " + optimizer + _sharding(trainer)])
-
-
-def _sharding(trainer: Trainer) -> str:
-    """", optimizer state sharded over 2 workers (2.3 MB each)" or ""."""
-    if not trainer.config.shard_optimizer_state:
-        return ""
-    if trainer.collectives.num_replicas == 1:
-        return ", optimizer state whole (one replica: nothing to shard)"
-    return (f", optimizer state sharded over "
-            f"{trainer.collectives.num_replicas} workers "
-            f"({trainer.optimizer_state_bytes / 1e6:.1f} MB each)")
-
-
-def workers_line(info, trainer: Trainer) -> str:
-    """"workers 2 (tf_config), replicas 2, global batch 64 = ..."."""
-    train = trainer.config
-    replicas = trainer.collectives.num_replicas
-    return (f"  workers {info.num_workers} ({info.source}), replicas "
-            f"{replicas}, global batch {train.global_batch_size} = "
-            f"{trainer.per_replica_batch_size} per replica x {replicas} x "
-            f"{train.num_accumulation_steps} accumulation")
-
-
-def numerics_line(train: TrainConfig, cluster: ClusterConfig) -> str:
-    return (f"  precision {train.precision}, XLA "
-            f"{'on' if train.jit_compile else 'off'}, all-reduce "
-            + ("MPI.Allreduce" if cluster.backend == "mpi" else
-               cluster.all_reduce_alg))
-
-
-def done_summary(title: str, results: dict, unit: str = "examples") -> str:
-    """The lines a run prints at its end (loss, throughput, checkpoint,
-    evaluation)."""
-    rows = results["intervals"]
-    first = rows[0]["interval_loss"] if rows else float("nan")
-    last = rows[-1]["interval_loss"] if rows else float("nan")
-    lines = [f"{title} done",
-             f"  steps {results['steps']}, "
-             f"{results['examples_per_second']:.1f} {unit}/s (mean of log "
-             f"intervals), {results['wall_seconds']:.1f} s",
-             f"  loss {first:.4f} (first interval) -> {last:.4f} (last)",
-             f"  checkpoint {results['checkpoint']}"]
-    sentence = noise_advice.closing_sentence(results.get("noise_scale"),
-                                             results["steps"])
-    if sentence:
-        lines.append(sentence)
-    adascale = results.get("adascale")
-    if adascale:
-        of = (f" of the reference run's {adascale['reference_steps']}"
-              if adascale["reference_steps"] else "")
-        lines.append(
-            f"  AdaScale: {adascale['steps']} steps at mean gain "
-            f"{adascale['mean_gain'] or 0:.3g} walked "
-            f"{adascale['progress']:.0f}{of} reference steps "
-            f"({adascale['examples']:,} examples)")
-    if "export" in results:
-        lines.append(f"  export {results['export']}")
-    if "eval" in results:
-        lines.append("  eval " + ", ".join(
-            f"{k} {v:.4f}" for k, v in results["eval"].items()))
-    return "\n".join(lines)

@@ -19,7 +19,7 @@ it were alone. After `tfscale.enable_multi_worker_fit()`, a `fit` under MWMS:
     gradients, fact 8, and a worker whose local gradients overflow would
     skip an all-reduce the others enter);
   * commits `BackupAndRestore`'s backups atomically and durably
-    (`_compat.atomic_backup`; with one replica too);
+    (`_compat_callbacks.atomic_backup`; with one replica too);
   * prints progress on the chief only;
   * makes an uncaught error on one worker end the job at once
     (`fail_fast.py`), instead of leaving its peers in a collective.

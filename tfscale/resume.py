@@ -19,6 +19,7 @@ It reads top to bottom:
    exists for the same worker count only, or starts over;
 7. the noise scale's averages continue from the checkpoint.
 
+What a checkpoint saves, and when a step is saved once, is `Saver`.
 Where the run is (step, input position and order) is `run_position.py`;
 the checkpoint files, `checkpointing.py`.
 """
@@ -29,6 +30,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfscale import _compat
+from tfscale import _compat_callbacks
 from tfscale import checkpointing
 from tfscale.replica_feed import ReplicaFeed
 from tfscale.run_position import RunPosition
@@ -137,10 +139,10 @@ class Resume:
                 self._model, self._metrics,
                 lambda: (feed.iterator.element_spec if feed is not None
                          else self._element_spec(dataset_fn)))
-            _compat.clear_restored_epoch(self._model)
+            _compat_callbacks.clear_restored_epoch(self._model)
             restored = self._restore(feed, dataset_fn)
-            with _compat.backups_not_loaded(callbacks.callbacks,
-                                            skip=bool(restored)):
+            with _compat_callbacks.backups_not_loaded(
+                    callbacks.callbacks, skip=bool(restored)):
                 callbacks.on_train_begin()
             if not restored:
                 self._start_where_callbacks_say(steps_per_epoch,
@@ -159,6 +161,15 @@ class Resume:
         return Start(self._position.steps, feed, restored,
                      line if restored else None)
 
+    def end(self, feed: Optional[ReplicaFeed]) -> None:
+        """After a fit, however it ended: its input closed, and the
+        checkpoints no longer holding it."""
+        if self._keeper:
+            self._keeper.untrack_input()
+            self._keeper.close()
+        if feed is not None:
+            feed.close()
+
     def _restore(self, feed, dataset_fn) -> Optional[str]:
         """The latest checkpoint, restored; its path, or None."""
         restored = None
@@ -175,7 +186,7 @@ class Resume:
                                    initial_epoch: int) -> None:
         """No checkpoint: the epoch `BackupAndRestore` restored (with its
         weights), else `initial_epoch`."""
-        backup_epoch = _compat.restored_epoch(self._model)
+        backup_epoch = _compat_callbacks.restored_epoch(self._model)
         if backup_epoch:
             self._position.move_to(backup_epoch * steps_per_epoch)
         elif initial_epoch and not self._position.steps:
@@ -231,3 +242,49 @@ class Resume:
                 f"({self._batch_words}): build the dataset_fn with "
                 "trainer.per_replica_batch_size, or the input position in "
                 "checkpoints would not be where the input is")
+
+
+class Saver:
+    """Saves the whole run at its current step, once per step.
+
+    Args:
+        keeper: The `checkpointing.CheckpointKeeper`, or None (nothing is
+            saved).
+        position: The run's `RunPosition` (the step saved).
+        noise_scale: The `noise_scale.NoiseScale` (its averages are stored
+            into its variables first), or None.
+        sharded: The `zero.ShardedOptimizer` (its slots are gathered whole
+            for the save, a collective), or None.
+    """
+
+    def __init__(self, keeper, position: RunPosition, *, noise_scale=None,
+                 sharded=None):
+        self._keeper = keeper
+        self._position = position
+        self._noise_scale = noise_scale
+        self._sharded = sharded
+        self._saved_step = None
+        self.path: Optional[str] = None  # the latest checkpoint written
+
+    def saved_at(self, step: int) -> None:
+        """A checkpoint of `step` exists (the one restored)."""
+        self._saved_step = step
+
+    def save(self) -> None:
+        """The run at its step, unless that step is saved already (every
+        worker calls it at the same, agreed step)."""
+        step = self._position.steps
+        if not self._keeper or step == self._saved_step:
+            return
+        if self._noise_scale is not None:
+            self._noise_scale.store()
+        if self._sharded is not None:
+            self._sharded.gather_slots()
+        try:
+            path = self._keeper.save(step)
+        finally:
+            if self._sharded is not None:
+                self._sharded.release_slots()
+        self._saved_step = step
+        if path:
+            self.path = path

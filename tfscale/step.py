@@ -43,6 +43,7 @@ import tensorflow as tf
 from tfscale import _compat
 from tfscale import noise_norms
 from tfscale.loss_metrics import add_others, metric_variables, unreduced
+from tfscale.replica_feed import input_error, is_input_error
 from tfscale.sharded_sync import ShardedSync
 from tfscale.step_plan import StepPlan
 from tfscale.step_row import RowLayout, StepsResult
@@ -384,12 +385,20 @@ class TrainStep:
             iterator: This worker's input iterator.
             signals: This worker's [stop, preempt] flags (0.0 / 1.0).
             timer: A `timing.StepTimer`.
+
+        Raises:
+            InputPipelineError: Reading the input failed.
         """
         signals = tf.constant(signals, tf.float32)
         if not self.plan.is_timed(step):
             timer.start()
-            rows, metrics = self.execute(iterator, signals,
-                                         tf.constant(num_steps))
+            try:
+                rows, metrics = self.execute(iterator, signals,
+                                             tf.constant(num_steps))
+            except tf.errors.OpError as e:
+                if is_input_error(e):
+                    raise input_error(e) from e
+                raise
             rows = self._read(rows)
             metrics = dict(zip(self.metric_results_names(),
                                self._read(metrics).tolist()))

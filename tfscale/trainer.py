@@ -12,10 +12,11 @@ and exact resume, preemption (SIGTERM -> agreed step -> checkpoint -> exit
 gradient sync, update).
 
 The math lives in `step.py`; this file is the loop around it. Where a fit
-starts (the checkpoint, `BackupAndRestore`, the input's position) is
-`resume.py`; where the run is (step, input position and order),
-`run_position.py`; evaluation, `evaluation.py`; what a log interval
-reports, `reporting.py`; what a worker holds and sends, `memory.py`.
+starts (the checkpoint, `BackupAndRestore`, the input's position) and what
+a save writes is `resume.py`; where the run is (step, input position and
+order), `run_position.py`; evaluation, `evaluation.py`; what a log
+interval reports, `reporting.py`; what a worker holds and sends,
+`memory.py`.
 """
 
 import shutil
@@ -26,18 +27,17 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tfscale import _compat
 from tfscale import callback_files
 from tfscale import evaluation
-from tfscale import fail_fast
 from tfscale import fit_arguments
 from tfscale import memory
 from tfscale import trainer_parts
+from tfscale._compat_callbacks import continue_tensorboard_steps
 from tfscale.preemption import Preempted, SignalWatch
-from tfscale.replica_feed import input_error, is_input_error
 from tfscale.reporting import IntervalReport
 from tfscale.timing import StepTimer
 from tfscale.train_config import TrainConfig
+
 
 class Trainer:
     """Trains a Keras 3 model under a `tf.distribute` strategy.
@@ -102,21 +102,13 @@ class Trainer:
         self._train_step = parts.train_step
         self._adascale = parts.adascale
         self._eval_step = parts.eval_step
-        self._keeper = parts.keeper
         self._resume = parts.resume
-        if self.num_workers > 1:
-            # An uncaught exception on this worker ends the job at once
-            # (not after a collective timeout): see fail_fast.py.
-            fail_fast.install(f"worker {self.worker_index}",
-                              self.collectives.abort)
+        self._saver = parts.saver
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
         self._interval = IntervalReport(
             self.timer, loss_scale=self.loss_scale,
             noise_scale=self.noise_scale, adascale=self._adascale)
-        self._noise_notice_given = False
         self._adascale_end_logged = False
-        self.checkpoint_path = None
-        self._saved_step = None
         self._verbose = config.verbose
 
     @property
@@ -136,6 +128,11 @@ class Trainer:
     def step(self) -> tf.Variable:
         """Steps taken (including fp16 steps skipped): a host variable."""
         return self.position.step
+
+    @property
+    def checkpoint_path(self) -> Optional[str]:
+        """The latest checkpoint this Trainer wrote, or None."""
+        return self._saver.path
 
     @classmethod
     def from_compiled(cls, model: keras.Model, config: TrainConfig,
@@ -217,9 +214,8 @@ class Trainer:
             steps_per_epoch=steps_per_epoch, shuffle=shuffle)
         if steps_per_epoch < 1 or epochs < 1:
             raise ValueError("steps_per_epoch and epochs must be >= 1")
-        validation_fn = None
-        if validation_data is not None:
-            validation_fn = self._evaluation_input(validation_data)
+        validation_fn = (None if validation_data is None
+                         else self._evaluation_input(validation_data))
         verbose = (self.config.verbose if verbose in (None, "auto")
                    else int(verbose))
         worker_dir = None if self.is_chief else tempfile.mkdtemp(
@@ -243,12 +239,8 @@ class Trainer:
             raise
         finally:
             self._verbose = self.config.verbose
-            if self._keeper:
-                self._keeper.untrack_input()
-                self._keeper.close()
-            if self._feed is not None:
-                self._feed.close()
-                self._feed = None
+            self._resume.end(self._feed)
+            self._feed = None
             if worker_dir:
                 shutil.rmtree(worker_dir, ignore_errors=True)
 
@@ -269,11 +261,10 @@ class Trainer:
         if worker_dir:
             callback_files.route_backup_writes(callbacks, worker_dir)
         if start.restored:
-            self._saved_step = start.step
+            self._saver.saved_at(start.step)
             self._log(f"resumed from {start.restored} at step {start.step}; "
                       f"input {start.input_line}")
-        self._say_if_noise_is_not_measured()
-        _compat.continue_tensorboard_steps(callbacks, start.step)
+        continue_tensorboard_steps(callbacks, start.step)
         logs = {}
         for epoch in range(start.step // steps_per_epoch, epochs):
             logs = self._train_epoch(self._feed, callback_list, epoch,
@@ -284,17 +275,9 @@ class Trainer:
             callback_list.on_epoch_end(epoch, logs)
             if self._agreed_stop():
                 break
-        self._save()
+        self._saver.save()
         callback_list.on_train_end(logs)
         return self.model.history
-
-    def _say_if_noise_is_not_measured(self) -> None:
-        if (self.noise_scale is None and self.config.noise_scale.enabled
-                and not self._noise_notice_given):
-            self._noise_notice_given = True
-            self._log("gradient noise scale not measured: it needs at least "
-                      "2 micro-batches per step (replicas x accumulation "
-                      "steps; here 1)")
 
     def evaluate(self, x=None, y=None, batch_size: Optional[int] = None,
                  steps: Optional[int] = None, sample_weight=None) -> dict:
@@ -314,7 +297,8 @@ class Trainer:
         logs = evaluation.evaluate(self._eval_step, dataset_fn,
                                    strategy=self.strategy,
                                    collectives=self.collectives, steps=steps)
-        logs.update(self._metric_logs())
+        logs.update({k: float(v) for k, v in
+                     self._train_step.metric_results().items()})
         return logs
 
     # ---- the loop ------------------------------------------------------------
@@ -334,7 +318,7 @@ class Trainer:
         while batch < steps_per_epoch:
             # TensorBoard counts batch callbacks; its steps are the
             # optimizer's: it adds 1 here, the call's first step.
-            _compat.continue_tensorboard_steps(callback_list.callbacks, step)
+            continue_tensorboard_steps(callback_list.callbacks, step)
             callback_list.on_train_batch_begin(batch)
             result = self._run_steps(feed, step + 1, steps_per_epoch - batch,
                                      watch)
@@ -349,11 +333,13 @@ class Trainer:
             # run shorter than log_steps still reports the steps it ran.
             if (step % self.config.log_steps == 0
                     or batch == steps_per_epoch):
-                logs["learning_rate"] = self._learning_rate()
-                logs.update(self._report(step))
+                summary, line = self._interval.close(step)
+                logs.update(learning_rate=self._learning_rate(), **summary)
+                if self._verbose == 2:
+                    self._log(line)
             # Batch callbacks run once per call, with the last step's index
             # (as Keras's fit does with steps_per_execution).
-            _compat.continue_tensorboard_steps(callback_list.callbacks, step)
+            continue_tensorboard_steps(callback_list.callbacks, step)
             callback_list.on_train_batch_end(batch - 1, logs)
             if self._after_call(result, step, watch):
                 # Set on some worker during the previous call: all stop here.
@@ -385,7 +371,7 @@ class Trainer:
             # No peer to agree with: act on the flags at once.
             stop, preempt = self.model.stop_training, watch.requested
         if preempt:
-            self._save()
+            self._saver.save()
             # Exit together: an MPI launcher ends the job as soon as one
             # rank exits, possibly before the chief's checkpoint is done.
             self.leave_together()
@@ -394,7 +380,7 @@ class Trainer:
             raise Preempted(step, self.checkpoint_path)
         if (self.config.save_checkpoints_steps
                 and step % self.config.save_checkpoints_steps == 0):
-            self._save()
+            self._saver.save()
         return stop or self._adascale_finished()
 
     def _run_steps(self, feed, first: int, most: int, watch):
@@ -405,33 +391,23 @@ class Trainer:
                  else self._train_step.plan.steps_in_call(first, most))
         signals = [float(bool(self.model.stop_training)),
                    float(watch.requested)]
-        try:
-            return self._train_step.run(first, count, feed.iterator,
-                                        signals, self.timer)
-        except tf.errors.OpError as e:
-            if is_input_error(e):
-                raise input_error(e) from e
-            raise
+        return self._train_step.run(first, count, feed.iterator, signals,
+                                    self.timer)
 
     def adascale_summary(self) -> Optional[dict]:
         """AdaScale's steps, progress, mean gain and examples; None
         without AdaScale."""
-        if self._adascale is None:
-            return None
-        return self._adascale.summary(self.position.steps)
+        return (None if self._adascale is None
+                else self._adascale.summary(self.position.steps))
 
     def _adascale_finished(self) -> bool:
         """AdaScale's progress reached the reference run's length: the run
         has trained as far as the reference run (the paper's end)."""
-        if self._adascale is None or not self._adascale.finished():
-            return False
-        if not self._adascale_end_logged:
+        finished = self._adascale is not None and self._adascale.finished()
+        if finished and not self._adascale_end_logged:
             self._adascale_end_logged = True
-            self._log(f"AdaScale: progress {self._adascale.progress():.1f} "
-                      f"reached the reference run's "
-                      f"{self._adascale.reference_steps} steps at step "
-                      f"{self.position.steps}; the run ends here")
-        return True
+            self._log(self._adascale.end_line(self.position.steps))
+        return finished
 
     def _agreed_stop(self) -> bool:
         """`model.stop_training` at an epoch's end, agreed by all workers
@@ -445,37 +421,8 @@ class Trainer:
 
     # ---- helpers -------------------------------------------------------------
 
-    def _metric_logs(self) -> dict:
-        return {k: float(v)
-                for k, v in self._train_step.metric_results().items()}
-
     def _learning_rate(self) -> float:
         return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
-
-    def _report(self, step: int) -> dict:
-        """Closes the log interval: its numbers, and its line at verbose 2."""
-        summary, line = self._interval.close(step)
-        if self._verbose == 2:
-            self._log(line)
-        return summary
-
-    def _save(self):
-        step = self.position.steps
-        if self._keeper and step != self._saved_step:
-            # (Every worker takes the same branch: the step is agreed.)
-            if self.noise_scale is not None:
-                self.noise_scale.store()
-            if self._sharded is not None:
-                # The slots whole, in the unsharded layout (a collective).
-                self._sharded.gather_slots()
-            try:
-                path = self._keeper.save(step)
-            finally:
-                if self._sharded is not None:
-                    self._sharded.release_slots()
-            self._saved_step = step
-            if path:
-                self.checkpoint_path = path
 
     def barrier(self) -> None:
         """Returns when every worker has called it."""

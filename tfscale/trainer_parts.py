@@ -13,9 +13,12 @@ import dataclasses
 import functools
 from typing import Any, Callable, Optional
 
+from absl import logging
+
 from tfscale import _compat
 from tfscale import collectives as collectives_lib
 from tfscale import evaluation
+from tfscale import fail_fast
 from tfscale import noise_scale as noise_lib
 from tfscale import precision as precision_lib
 from tfscale import resume as resume_lib
@@ -41,8 +44,8 @@ class Parts:
     noise_scale: Optional[noise_lib.NoiseScale]
     adascale: Any  # the optimizer's AdaScale schedule, or None
     eval_step: evaluation.EvalStep
-    keeper: Any  # a checkpointing.CheckpointKeeper, or None
     resume: resume_lib.Resume
+    saver: resume_lib.Saver
 
 
 def _optimizer(model, optimizer, strategy, config: TrainConfig,
@@ -64,6 +67,22 @@ def _optimizer(model, optimizer, strategy, config: TrainConfig,
         jit_compile=config.jit_compile or config.compile_update,
         noise_mode=config.noise_scale.mode) if shards else None)
     return optimizer, loss_scale, sharded
+
+
+def _noise_scale(config: TrainConfig, train_step: TrainStep, optimizer,
+                 is_chief: bool) -> Optional[noise_lib.NoiseScale]:
+    """The gradient noise scale's running estimates (`noise_scale.py`), or
+    None (not asked for, or one micro-batch per step: said once)."""
+    if train_step.measures_noise:
+        return noise_lib.NoiseScale(
+            config.noise_scale, train_step.noise_groups,
+            config.global_batch_size,
+            optimizer=type(optimizer).__name__.lower())
+    if config.noise_scale.enabled and is_chief:
+        logging.info("tfscale: gradient noise scale not measured: it needs "
+                     "at least 2 micro-batches per step (replicas x "
+                     "accumulation steps; here 1)")
+    return None
 
 
 def assemble(*, model, optimizer, loss_fn: Callable, strategy,
@@ -92,12 +111,8 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
         model=model, optimizer=optimizer, loss_fn=loss_fn, metrics=metrics,
         strategy=strategy, collectives=collectives, config=config,
         feed=feed, loss_scale=loss_scale, sharded=sharded)
-    # The gradient noise scale's running estimates (noise_scale.py).
-    noise_scale = (
-        noise_lib.NoiseScale(config.noise_scale, train_step.noise_groups,
-                             config.global_batch_size,
-                             optimizer=type(optimizer).__name__.lower())
-        if train_step.measures_noise else None)
+    noise_scale = _noise_scale(config, train_step, optimizer,
+                               collectives.is_chief)
     adascale = find_adascale(optimizer, noise_scale, config.noise_scale.mode,
                              train_step.micro_batches_per_step)
     # Checkpoints hold the slots whole, in the unsharded layout.
@@ -121,6 +136,11 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
             f"global batch {config.global_batch_size} over {replicas} "
             f"replica(s) x {config.num_accumulation_steps} accumulation "
             "step(s)"))
+    if collectives.num_workers > 1:
+        # An uncaught exception on this worker ends the job at once (not
+        # after a collective timeout): see fail_fast.py.
+        fail_fast.install(f"worker {collectives.worker_index}",
+                          collectives.abort)
     return Parts(
         collectives=collectives, optimizer=optimizer, loss_scale=loss_scale,
         sharded=sharded, per_replica_batch_size=per_replica,
@@ -129,4 +149,6 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
         eval_step=evaluation.EvalStep(
             model=model, loss_fn=loss_fn, metrics=metrics, strategy=strategy,
             collectives=collectives),
-        keeper=keeper, resume=resume)
+        resume=resume,
+        saver=resume_lib.Saver(keeper, position, noise_scale=noise_scale,
+                               sharded=sharded))

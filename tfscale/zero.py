@@ -30,98 +30,26 @@ bit-identical to the unsharded run; LAMB's norms are sums in another order
 (within 1e-6 relative).
 
 Checkpoints hold the slots whole, under the keys of the unsharded Keras
-optimizer (`CheckpointView`): a sharded run resumes on any worker count,
+optimizer (`zero_checkpoint.py`): a sharded run resumes on any worker count,
 sharded or not, and an unsharded checkpoint resumes sharded. Saving gathers
 the slots (every worker takes part); restoring keeps this worker's slice.
 """
 
-import math
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Optional
 
 import keras
-import numpy as np
 import tensorflow as tf
 from keras import ops
 
 from tfscale import _compat
 from tfscale.errors import ConfigError
 from tfscale.optim.lamb import Lamb, matches_any
+from tfscale.zero_checkpoint import CheckpointView
+from tfscale.zero_layout import Layout
 
 # What a worker's update is written for: Keras's SGD, Adam and AdamW, and
 # tfscale's LAMB.
 SUPPORTED = "keras.optimizers.SGD, Adam, AdamW and tfscale.optim.Lamb"
-
-
-class Piece(NamedTuple):
-    """The part of variable `variable` that lies in this worker's shard:
-    its flat elements [start, stop), at `offset` in the shard."""
-
-    variable: int
-    start: int
-    stop: int
-    offset: int
-
-
-class Layout:
-    """Where each variable lies in the flat vector and which elements each
-    of `num_shards` workers owns.
-
-    Args:
-        shapes: The trainable variables' shapes, in the model's order.
-        num_shards: N, the workers.
-        index: This worker's shard.
-    """
-
-    def __init__(self, shapes: Sequence, num_shards: int, index: int):
-        self.shapes = [tuple(int(d) for d in s) for s in shapes]
-        self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
-        self.offsets = list(np.cumsum([0] + self.sizes[:-1]))
-        self.total = sum(self.sizes)
-        self.num_shards = num_shards
-        self.index = index
-        self.shard_size = max(1, math.ceil(self.total / num_shards))
-        self.pieces = self.pieces_of(index)
-
-    def pieces_of(self, index: int) -> List[Piece]:
-        """The pieces of shard `index`, in variable order."""
-        first = index * self.shard_size
-        last = min(first + self.shard_size, self.total)
-        pieces = []
-        for i, (offset, size) in enumerate(zip(self.offsets, self.sizes)):
-            lo, hi = max(first, offset), min(last, offset + size)
-            if lo < hi:
-                pieces.append(Piece(i, int(lo - offset), int(hi - offset),
-                                    int(lo - first)))
-        return pieces
-
-    @property
-    def padding(self) -> int:
-        return self.num_shards * self.shard_size - self.total
-
-    def flatten(self, tensors) -> tf.Tensor:
-        """[N x S]: `tensors` (one per variable) end to end, zero-padded."""
-        flats = [tf.reshape(t, [-1]) for t in tensors]
-        if self.padding:
-            flats.append(tf.zeros([self.padding], flats[0].dtype))
-        return tf.concat(flats, axis=0)
-
-    def split(self, shard) -> list:
-        """This worker's [S] shard as its pieces (static slices)."""
-        return [shard[p.offset:p.offset + p.stop - p.start]
-                for p in self.pieces]
-
-    def join(self, pieces, dtype=tf.float32) -> tf.Tensor:
-        """The inverse of `split`: [S], zero beyond the last piece."""
-        used = sum(p.stop - p.start for p in self.pieces)
-        parts = list(pieces)
-        if used < self.shard_size:
-            parts.append(tf.zeros([self.shard_size - used], dtype))
-        return tf.concat(parts, axis=0)
-
-    def unflatten(self, flat) -> list:
-        """The inverse of `flatten`: one tensor per variable, shaped."""
-        parts = tf.split(flat[:self.total], self.sizes)
-        return [tf.reshape(p, s) for p, s in zip(parts, self.shapes)]
 
 
 def optimizer_kind(optimizer) -> str:
@@ -423,68 +351,9 @@ class ShardedOptimizer:
                     flat[piece.start:piece.stop])
 
     def checkpoint_view(self):
-        """What a checkpoint holds of the optimizer (`CheckpointView`)."""
+        """What a checkpoint holds of the optimizer
+        (`zero_checkpoint.CheckpointView`)."""
         return CheckpointView(self)
-
-
-class CheckpointView(_compat.trackable_base()[0]):
-    """The sharded optimizer as the unsharded Keras optimizer checkpoints
-    itself: `_iterations`, `_learning_rate` (a fixed rate), the trainable
-    variables and `_variables` [iterations, (learning rate), then each
-    variable's slots in Keras's order], each slot whole. A checkpoint of
-    either restores into the other, on any worker count."""
-
-    def __init__(self, sharded: ShardedOptimizer):
-        optimizer = sharded.optimizer
-        own = list(optimizer.variables)  # unbuilt: iterations, rate
-        slots = [_WholeSlot(sharded, name, i)
-                 for i in range(len(sharded.variables))
-                 for name in sharded.slot_names]
-        self._children = {"_iterations": optimizer.iterations,
-                          "_trainable_variables": _List(sharded.variables),
-                          "_variables": _List(own + slots)}
-        rate = getattr(optimizer, "_learning_rate", None)
-        if isinstance(rate, tf.Variable) or hasattr(rate, "_value"):
-            self._children["_learning_rate"] = rate
-
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        return dict(self._children)
-
-
-class _List(_compat.trackable_base()[0]):
-    """A list in the object graph: children "0", "1", ..."""
-
-    def __init__(self, items):
-        self._items = list(items)
-
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        return {str(i): item for i, item in enumerate(self._items)}
-
-
-class _WholeSlot(_compat.trackable_base()[0]):
-    """One variable's slot, whole, as a checkpointed variable value."""
-
-    def __init__(self, sharded: ShardedOptimizer, name: str, index: int):
-        self._sharded = sharded
-        self._name = name
-        self._index = index
-
-    def _serialize_to_tensors(self):
-        _, save_spec = _compat.trackable_base()
-        key = _compat.variable_value_key()
-        # Lazy: read only when written (restoring asks for the dtype only).
-        # On the slots' own device: a checkpoint whose tensors live on
-        # several tasks' devices is restored in a tf.function, where
-        # Keras's variables cannot take the values (no static shape).
-        return {key: save_spec(
-            lambda: self._sharded.whole_slot(self._name, self._index),
-            "", key, dtype=tf.float32,
-            device=self._sharded.slots[self._name].device)}
-
-    def _restore_from_tensors(self, restored_tensors):
-        value = restored_tensors[_compat.variable_value_key()]
-        self._sharded.restore_slot(self._name, self._index, value)
-        return None
 
 
 def sharded_optimizer(optimizer, variables, collectives, strategy,

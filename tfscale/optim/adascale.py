@@ -135,6 +135,12 @@ class AdaScale(keras.optimizers.schedules.LearningRateSchedule):
         return (self.reference_steps is not None
                 and self.progress() >= self.reference_steps)
 
+    def end_line(self, steps: int) -> str:
+        """The log line of a run that ends here, after `steps` steps."""
+        return (f"AdaScale: progress {self.progress():.1f} reached the "
+                f"reference run's {self.reference_steps} steps at step "
+                f"{steps}; the run ends here")
+
     def summary(self, steps: int) -> dict:
         """What summary.json holds after `steps` steps of this run."""
         progress = self.progress()
