@@ -265,6 +265,17 @@ def test_engine_files_fit_in_a_sitting():
     assert over == {}
 
 
+def test_the_step_plan_and_row_need_no_tensorflow():
+    # Which steps a call runs, and what its result row holds, are plain
+    # Python: readable and testable without TensorFlow.
+    for name in ("step_plan", "step_row"):
+        path = REPO / "tfscale" / f"{name}.py"
+        imported = set(imported_modules(path))
+        assert not any(m.split(".")[0] in ("tensorflow", "keras", "numpy",
+                                           "tfscale") for m in imported), (
+            name, imported)
+
+
 def test_a_resume_is_read_in_one_place():
     # The checkpoint and the input's saved state are restored, and a
     # positioned input is started, only in tfscale/resume.py.

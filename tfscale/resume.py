@@ -25,7 +25,7 @@ the checkpoint files, `checkpointing.py`.
 """
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Optional
 
 import tensorflow as tf
 
@@ -96,7 +96,7 @@ class Resume:
         keeper: The `checkpointing.CheckpointKeeper`, or None (no
             checkpoints: every fit starts fresh).
         noise_scale: The `noise_scale.NoiseScale`, or None.
-        make_feed: `fn(dataset_fn) -> ReplicaFeed` for this worker.
+        strategy: The strategy this worker's input feeds (`ReplicaFeed`).
         per_replica_batch_size: What each step takes from each replica's
             input (a positioned input must deliver it: the position
             advances by the global batch).
@@ -107,7 +107,7 @@ class Resume:
     def __init__(self, *, model, optimizer, metrics, collectives,
                  position: RunPosition,
                  keeper: Optional[checkpointing.CheckpointKeeper],
-                 noise_scale, make_feed: Callable,
+                 noise_scale, strategy,
                  per_replica_batch_size: int, batch_words: str):
         self._model = model
         self._optimizer = optimizer
@@ -116,7 +116,7 @@ class Resume:
         self._position = position
         self._keeper = keeper
         self._noise_scale = noise_scale
-        self._make_feed = make_feed
+        self._strategy = strategy
         self._per_replica_batch_size = per_replica_batch_size
         self._batch_words = batch_words
 
@@ -169,6 +169,13 @@ class Resume:
             self._keeper.close()
         if feed is not None:
             feed.close()
+
+    def _make_feed(self, dataset_fn) -> ReplicaFeed:
+        """This worker's input from `dataset_fn`."""
+        return ReplicaFeed(self._strategy, dataset_fn,
+                           num_replicas=self._collectives.num_replicas,
+                           num_workers=self._collectives.num_workers,
+                           worker_index=self._collectives.worker_index)
 
     def _restore(self, feed, dataset_fn) -> Optional[str]:
         """The latest checkpoint, restored; its path, or None."""

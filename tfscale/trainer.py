@@ -104,6 +104,7 @@ class Trainer:
         self._eval_step = parts.eval_step
         self._resume = parts.resume
         self._saver = parts.saver
+        self._noise_notice = parts.noise_notice  # said by the first fit
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
         self._interval = IntervalReport(
             self.timer, loss_scale=self.loss_scale,
@@ -264,6 +265,9 @@ class Trainer:
             self._saver.saved_at(start.step)
             self._log(f"resumed from {start.restored} at step {start.step}; "
                       f"input {start.input_line}")
+        if self._noise_notice:
+            self._log(self._noise_notice)
+            self._noise_notice = None
         continue_tensorboard_steps(callbacks, start.step)
         logs = {}
         for epoch in range(start.step // steps_per_epoch, epochs):

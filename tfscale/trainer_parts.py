@@ -10,10 +10,7 @@ the loop over them.
 """
 
 import dataclasses
-import functools
 from typing import Any, Callable, Optional
-
-from absl import logging
 
 from tfscale import _compat
 from tfscale import collectives as collectives_lib
@@ -24,10 +21,14 @@ from tfscale import precision as precision_lib
 from tfscale import resume as resume_lib
 from tfscale import zero
 from tfscale.optim.adascale import find_adascale
-from tfscale.replica_feed import ReplicaFeed
 from tfscale.run_position import RunPosition
 from tfscale.step import TrainStep
 from tfscale.train_config import TrainConfig, check_fits
+
+
+NOISE_NOT_MEASURED = ("gradient noise scale not measured: it needs at least 2 "
+                      "micro-batches per step (replicas x accumulation "
+                      "steps; here 1)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Parts:
     adascale: Any  # the optimizer's AdaScale schedule, or None
     eval_step: evaluation.EvalStep
     resume: resume_lib.Resume
+    noise_notice: Optional[str]  # what the first fit says, or None
     saver: resume_lib.Saver
 
 
@@ -67,22 +69,6 @@ def _optimizer(model, optimizer, strategy, config: TrainConfig,
         jit_compile=config.jit_compile or config.compile_update,
         noise_mode=config.noise_scale.mode) if shards else None)
     return optimizer, loss_scale, sharded
-
-
-def _noise_scale(config: TrainConfig, train_step: TrainStep, optimizer,
-                 is_chief: bool) -> Optional[noise_lib.NoiseScale]:
-    """The gradient noise scale's running estimates (`noise_scale.py`), or
-    None (not asked for, or one micro-batch per step: said once)."""
-    if train_step.measures_noise:
-        return noise_lib.NoiseScale(
-            config.noise_scale, train_step.noise_groups,
-            config.global_batch_size,
-            optimizer=type(optimizer).__name__.lower())
-    if config.noise_scale.enabled and is_chief:
-        logging.info("tfscale: gradient noise scale not measured: it needs "
-                     "at least 2 micro-batches per step (replicas x "
-                     "accumulation steps; here 1)")
-    return None
 
 
 def assemble(*, model, optimizer, loss_fn: Callable, strategy,
@@ -111,8 +97,12 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
         model=model, optimizer=optimizer, loss_fn=loss_fn, metrics=metrics,
         strategy=strategy, collectives=collectives, config=config,
         feed=feed, loss_scale=loss_scale, sharded=sharded)
-    noise_scale = _noise_scale(config, train_step, optimizer,
-                               collectives.is_chief)
+    # The gradient noise scale's running estimates (noise_scale.py).
+    noise_scale = (
+        noise_lib.NoiseScale(config.noise_scale, train_step.noise_groups,
+                             config.global_batch_size,
+                             optimizer=type(optimizer).__name__.lower())
+        if train_step.measures_noise else None)
     adascale = find_adascale(optimizer, noise_scale, config.noise_scale.mode,
                              train_step.micro_batches_per_step)
     # Checkpoints hold the slots whole, in the unsharded layout.
@@ -124,14 +114,10 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
         if config.checkpoint_dir else None)
     per_replica = (config.global_batch_size
                    // (replicas * config.num_accumulation_steps))
-    make_feed = functools.partial(
-        ReplicaFeed, strategy, num_replicas=replicas,
-        num_workers=collectives.num_workers,
-        worker_index=collectives.worker_index)
     resume = resume_lib.Resume(
         model=model, optimizer=optimizer, metrics=metrics,
         collectives=collectives, position=position, keeper=keeper,
-        noise_scale=noise_scale, make_feed=make_feed,
+        noise_scale=noise_scale, strategy=strategy,
         per_replica_batch_size=per_replica, batch_words=(
             f"global batch {config.global_batch_size} over {replicas} "
             f"replica(s) x {config.num_accumulation_steps} accumulation "
@@ -150,5 +136,7 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
             model=model, loss_fn=loss_fn, metrics=metrics, strategy=strategy,
             collectives=collectives),
         resume=resume,
+        noise_notice=(NOISE_NOT_MEASURED if config.noise_scale.enabled
+                      and not train_step.measures_noise else None),
         saver=resume_lib.Saver(keeper, position, noise_scale=noise_scale,
                                sharded=sharded))
