@@ -314,6 +314,36 @@ def test_a_fit_restores_once_and_builds_its_positioned_input_once(
     assert (run.starts, run.restores) == ([96], 1)
 
 
+def test_a_resumed_run_does_not_save_the_step_it_restored(tmp_path,
+                                                           monkeypatch):
+    """A run restored at its last step (a finished run fit again, or a
+    restart right after the final save) writes no second checkpoint of
+    that step: the restored step counts as saved."""
+    from tests.test_trainer import data, dataset_fn_for, make_trainer
+    x, y = data()
+    strategy = mirrored(TWO_CPUS)
+    saved = []
+    original = checkpointing.CheckpointKeeper.save
+    monkeypatch.setattr(
+        checkpointing.CheckpointKeeper, "save",
+        lambda keeper, step: saved.append(step) or original(keeper, step))
+
+    def run():
+        trainer = make_trainer(strategy, TrainConfig(
+            global_batch_size=16, checkpoint_dir=str(tmp_path / "ckpt"),
+            save_checkpoints_steps=4, verbose=0))
+        trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=4,
+                    epochs=2)
+        return trainer
+
+    run()
+    assert saved == [4, 8]
+    saved.clear()
+    again = run()
+    assert saved == [] and int(again.step.numpy()) == 8
+    assert again.checkpoint_path is None  # this Trainer wrote none
+
+
 def test_export_command_writes_keras_files_and_googles_checkpoint(tmp_path):
     import subprocess
     import sys
