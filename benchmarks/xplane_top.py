@@ -15,6 +15,15 @@ by the TensorFlow op type each kernel ran for (the `tf_op` stat:
 kernel's name (`bfloat16`, `float` ... in its template arguments or its
 `_GPU_DT_...` suffix), each with its share. On a machine with no GPU it
 sums the host's TensorFlow op events instead ("/host:CPU").
+
+Two spellings need more than a word match. cuBLAS's and CUTLASS's GEMM
+kernels name their types after `gemm_`: the inputs, then the math and
+accumulator types: `sm90_xmma_gemm_bf16bf16_bf16f32_f32_...` multiplies
+bfloat16 with float32 accumulation ("bf16 (f32 acc)"), where a word match
+would read the lone `f32`; `..._gemm_f32f32_tf32f32_...` is TF32 math on
+float32 inputs ("tf32 (f32 acc)"). TensorFlow moves 2-byte elements
+(bfloat16 or float16 transposes, copies, concatenations) as Eigen tensors of
+`unsigned short` ("16-bit move").
 """
 
 import collections
@@ -45,8 +54,32 @@ _DTYPES = (("bfloat16", "bf16"), ("BFLOAT16", "bf16"), ("bf16", "bf16"),
            ("int", "int"), ("bool", "bool"))
 
 
+# A GEMM kernel's type run: `gemm_` then types glued (bf16bf16_bf16f32).
+_GEMM_TYPES = re.compile(
+    r"gemm_((?:bf16|tf32|f16|f32|f64|e4m3|e5m2|s8|i8)+)"
+    r"_((?:bf16|tf32|f16|f32|f64|s32|i32)+)")
+_GEMM_TYPE = re.compile(r"bf16|tf32|f16|f32|f64|e4m3|e5m2|s8|i8|s32|i32")
+
+
+def _gemm_dtype(name: str):
+    """"bf16 (f32 acc)" for a cuBLAS/CUTLASS GEMM named with its types,
+    else None."""
+    found = _GEMM_TYPES.search(name)
+    if not found:
+        return None
+    math = _GEMM_TYPE.findall(found.group(2))
+    if len(math) > 1 and math[-1] != math[0]:
+        return f"{math[0]} ({math[-1]} acc)"
+    return math[0]
+
+
 def kernel_dtype(name: str) -> str:
     """The element type a kernel's name says, or '?'."""
+    gemm = _gemm_dtype(name)
+    if gemm:
+        return gemm
+    if re.search(r"\bunsigned short\b", name):
+        return "16-bit move"
     for spelled, dtype in _DTYPES:
         if re.search(rf"(?<![A-Za-z0-9]){re.escape(spelled)}(?![A-Za-z0-9])",
                      name):

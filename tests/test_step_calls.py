@@ -183,7 +183,7 @@ def compiled_against_plain(optimizer_fn, compiled: dict, **config):
                                     steps_per_execution=3, **fields,
                                     **config),
                         optimizer_fn, devices=["/cpu:0"], steps=6)
-        assert trainer._train_step.jit_update == any(fields.values())
+        assert trainer._train_step.layout.update_xla == any(fields.values())
         results.append(weights(trainer.model))
     return results
 
@@ -210,7 +210,7 @@ def test_the_xla_update_matches_the_plain_one(optimizer_fn):
 def test_the_update_is_not_compiled_over_several_local_replicas():
     trainer = make_trainer(mirrored(TWO_CPUS), TrainConfig(
         global_batch_size=16, jit_compile=True))
-    assert not trainer._train_step.jit_update
+    assert not trainer._train_step.layout.update_xla
 
 
 def test_an_input_error_inside_a_call_is_an_input_error():
@@ -260,13 +260,13 @@ def test_the_noise_norms_are_compiled_under_op_determinism():
         step = make_trainer(mirrored(TWO_CPUS), TrainConfig(
             global_batch_size=16))._train_step
         assert step.measures_noise
-        assert getattr(step._squared_norms, "_jit_compile", None) is True
+        assert getattr(step.replica._squared_norms, "_jit_compile", None) is True
     finally:
         from tensorflow.python.framework import config
         config.disable_op_determinism()
     step = make_trainer(mirrored(TWO_CPUS), TrainConfig(
         global_batch_size=16))._train_step
-    assert not getattr(step._squared_norms, "_jit_compile", False)
+    assert not getattr(step.replica._squared_norms, "_jit_compile", False)
 
 
 def test_the_plan_is_the_step_number_and_four_settings():

@@ -46,6 +46,13 @@ def test_kernels_by_full_name_and_ops_by_type_and_dtype():
     ("Mul_GPU_DT_BFLOAT16_DT_BFLOAT16_kernel", "bf16"),
     ("void cub::DeviceReduceKernel<Eigen::half, float>", "f16"),
     ("ampere_bf16_s16816gemm_bf16_128x128", "bf16"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+     "bf16 (f32 acc)"),
+    ("sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize64x64x32", "tf32 (f32 "
+     "acc)"),
+    ("sm90_xmma_gemm_f16f16_f16f16_f16_nn_n_tilesize64x64x32", "f16"),
+    (EIGEN + "unsigned short, 4, 1, long>, 16>, ...shuffling...>",
+     "16-bit move"),
     ("loop_fusion_3", "?")])
 def test_kernel_dtype_from_its_name(name, dtype):
     assert xplane_top.kernel_dtype(name) == dtype

@@ -7,10 +7,11 @@ from tfscale.cluster import ClusterConfig
 from tfscale.train_config import TrainConfig
 
 
-def before(task, info, trainer, built, xla=None) -> str:
+def before(task, info, trainer, built, xla=None, xla_why="") -> str:
     """The lines the chief prints before training: workers, numerics (with
-    the XLA flags composed, `xla`: an `xla_flags.XlaSetup`), the task's
-    model and data, the optimizer (`jobs.Task`, `jobs.Built`)."""
+    why XLA is on or off, `xla_why`, and the XLA flags composed, `xla`: an
+    `xla_flags.XlaSetup`), the step's layout, the task's model and data,
+    the optimizer (`jobs.Task`, `jobs.Built`)."""
     optim = task.config.optim
     if built.optimizer is not None:
         optimizer = (f"optimizer {type(built.optimizer).__name__} (the "
@@ -26,7 +27,8 @@ def before(task, info, trainer, built, xla=None) -> str:
     return "\n".join([
         task.title, *("  " + note for note in task.config.notes),
         workers_line(info, trainer),
-        numerics_line(trainer.config, task.config.cluster),
+        numerics_line(trainer.config, task.config.cluster, xla_why),
+        f"  step: {trainer.step_layout}",
         *([f"  XLA on a GPU: {xla.description}"] if xla else []),
         *("  " + line for line in task.describe(built.model)),
         "  " + optimizer + _sharding(trainer)])
@@ -53,9 +55,11 @@ def workers_line(info, trainer) -> str:
             f"{train.num_accumulation_steps} accumulation")
 
 
-def numerics_line(train: TrainConfig, cluster: ClusterConfig) -> str:
+def numerics_line(train: TrainConfig, cluster: ClusterConfig,
+                  xla_why: str = "") -> str:
+    why = f" ({xla_why})" if xla_why else ""
     return (f"  precision {train.precision}, XLA "
-            f"{'on' if train.jit_compile else 'off'}, all-reduce "
+            f"{'on' if train.jit_compile else 'off'}{why}, all-reduce "
             + ("MPI.Allreduce" if cluster.backend == "mpi" else
                cluster.all_reduce_alg))
 

@@ -203,6 +203,16 @@ class Task:
         (an export, Google's eval_results.txt); may add to `results`."""
 
 
+def _xla_decided(config: JobConfig) -> Tuple[JobConfig, str]:
+    """(`config` with --xla's auto decided for this worker's devices, why:
+    for the start banner)."""
+    on_gpus = bool(tf.config.list_physical_devices("GPU"))
+    jit, why = xla_flags.choose(config.train.jit_compile, on_gpus)
+    return dataclasses.replace(
+        config, train=dataclasses.replace(config.train,
+                                          jit_compile=jit)), why
+
+
 def millions_of_parameters(model) -> float:
     return sum(int(v.numpy().size) for v in model.trainable_variables) / 1e6
 
@@ -219,8 +229,9 @@ def run(task: Task) -> dict:
             line naming the setting.
         Preempted: SIGTERM; the agreed step is saved (exit code 143).
     """
-    config = task.config
     task.check_files()
+    task.config, xla_why = _xla_decided(task.config)
+    config = task.config
     # Before XLA's first compilation in this process (it reads XLA_FLAGS
     # once, then).
     xla = (xla_flags.apply(config.train.xla_gemm, config.output_dir)
@@ -241,7 +252,8 @@ def run(task: Task) -> dict:
         cluster=config.cluster, train=config.train)
     speaks = info.is_chief and config.train.verbose > 0
     if speaks:
-        print(job_lines.before(task, info, trainer, built, xla), flush=True)
+        print(job_lines.before(task, info, trainer, built, xla, xla_why),
+              flush=True)
 
     start = time.perf_counter()
     initial = _initial_weights(task, trainer, built.model)

@@ -1,53 +1,107 @@
-"""The distributed training step: compute, sync, apply; several per call.
+"""The distributed training step: compute, sync, update; several per call.
 
-One optimizer step is three parts:
+One optimizer step is three parts (`replica_step.py` holds their math):
 
     compute  per replica: forward and backward over k micro-batches, the
-             gradients summed locally and the metrics updated, in one
-             XLA-compiled function when asked. No communication.
+             gradients summed locally and the metrics updated.
     sync     one all-reduce of [loss and flags, *gradients] across all
              replicas (through the backend's `collectives.py` object), then
-             loss-scale removal, a finite check and global-norm clipping
-             (XLA-compiled unless `compile_update` is off: no collective and
-             no matmul in it).
-    apply    the optimizer update with the reduced gradients: all variables
-             in one XLA-compiled function where the worker holds one
-             replica (XLA compiles no collective on CPU, and Keras's update
-             under a strategy of several local replicas is a `merge_call`
-             that XLA cannot hold); the plain per-variable update otherwise.
+             loss-scale removal, the finite check and clipping; sharded
+             (`sharded_sync.py`), a reduce-scatter in its place.
+    update   the optimizer's update with the reduced gradients; fp16 skips
+             it when they are not all finite (the same decision everywhere).
 
-`execute` runs up to n whole steps in one call (the idea behind Keras's
-`steps_per_execution` and Google's `iterations_per_loop`): the input is
-read inside the call, the fp16 decision to skip a step with non-finite
-gradients is a `tf.cond` on the device, and the loss, flags and noise-scale
-sums of every step come back in one tensor, read once. The loop leaves early
-at the first step whose all-reduced flags ask to stop or to save for a
-preemption, so every worker leaves at the same step.
+Where XLA sits (`Layout`; fact 30). Keras 3 compiles around `strategy.run`, never
+inside it, and so does this step wherever a worker holds one replica (one
+GPU per process, the layout of MWMS, MPI and most GPU jobs): on GPUs,
+`strategy.run` traces a function it is handed that is itself compiled in
+each replica's own graph, where the `merge_call` of Keras's update (its
+`iterations` counter) raises; a CPU run takes another path and never sees
+it (`MirroredStrategy(["/gpu:0"])` on a CPU takes the GPU path: the tests
+do). So per step, with one replica:
 
-`compute`, `sync` and `apply` are the same parts as separate calls, for
-timing each part: the Trainer runs a few steps per log interval this way,
-each part followed by a host wait.
+    alone (one replica in the job)  one XLA program: compute, the reduced
+        part (no all-reduce of one term) and the update, the fp16 skip a
+        conditional inside it (`--noxla`: the compute op by op, then one
+        program for the rest);
+    one of several workers          two programs, the all-reduce between
+        them outside XLA (XLA compiles no collective on CPU; MPI's runs on
+        the host).
 
-Loss scaling across replicas: each replica's loss is the sum of its
-per-example losses divided by the *global* batch (per-replica x replicas x
-accumulation steps). Summing gradients over micro-batches and replicas then
-yields exactly the gradient of the mean loss over the global batch, which is
-why N workers with global batch B match one worker with batch B.
+With several replicas in one process (`MirroredStrategy` over local
+devices) XLA cannot compile around `strategy.run` (the replicas' variables
+sit on different devices): the compute and the after-reduce work are
+compiled inside it, as functions without a `merge_call`, and the update
+runs op by op.
+
+`run` is the training loop's one entry point. A call runs up to n whole
+steps (Keras's `steps_per_execution`, Google's `iterations_per_loop`): the
+input is read inside the call and the loss, flags and noise-scale sums of
+every step come back in one tensor, read once; the loop leaves at the first
+step whose all-reduced flags ask to stop or to save for a preemption, so
+every worker leaves at the same step. The last steps of each log interval
+run part by part instead (compute, sync, update as separate calls, each
+followed by a host wait) to time each part.
 """
 
+import dataclasses
 from typing import Callable, Sequence
 
 import keras
 import tensorflow as tf
 
-from tfscale import _compat
-from tfscale import noise_norms
-from tfscale.loss_metrics import add_others, metric_variables, unreduced
+from tfscale.loss_metrics import add_others, metric_variables
 from tfscale.replica_feed import input_error, is_input_error
+from tfscale.replica_step import ReplicaStep
 from tfscale.sharded_sync import ShardedSync
 from tfscale.step_plan import StepPlan
 from tfscale.step_row import RowLayout, StepsResult
 from tfscale.train_config import TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where XLA compiles the step (see the module docstring).
+
+    Attributes:
+        one_replica: This worker holds one replica: XLA around
+            `strategy.run`.
+        alone: The job's only replica: no all-reduce.
+        compute_xla: The forward/backward compiled (`jit_compile`).
+        update_xla: The work after the all-reduce and the update compiled
+            as one program (one replica, not sharded).
+        fused: The whole step is one XLA program (alone, `jit_compile`
+            and `compile_update`).
+    """
+
+    one_replica: bool
+    alone: bool
+    compute_xla: bool
+    update_xla: bool
+    fused: bool
+
+    @classmethod
+    def of(cls, config: TrainConfig, local_replicas: int, replicas: int,
+           sharded: bool) -> "Layout":
+        one = local_replicas == 1
+        alone = replicas == 1
+        compiled = config.jit_compile or config.compile_update
+        return cls(one_replica=one, alone=alone,
+                   compute_xla=config.jit_compile,
+                   update_xla=one and compiled and not sharded,
+                   fused=(one and alone and config.jit_compile
+                          and config.compile_update))
+
+    def describe(self) -> str:
+        """One line for the start banner."""
+        if self.fused:
+            return "one XLA program per step (compute, update)"
+        parts = [("compute in XLA" if self.compute_xla
+                  else "compute op by op"),
+                 "no all-reduce" if self.alone else "all-reduce",
+                 ("update in XLA" if self.update_xla
+                  else "update op by op")]
+        return ", ".join(parts)
 
 
 class TrainStep:
@@ -71,21 +125,14 @@ class TrainStep:
             gradients are reduce-scattered, each worker updates its shard
             and the weights are gathered (`zero.py`); None: all-reduce and
             `optimizer.apply`.
-
-    `run` is the one entry point of the training loop: it owns the choice
-    between several steps per call and the part-by-part step, and the host
-    waits of the latter.
     """
 
     def __init__(self, *, model, optimizer, loss_fn: Callable,
                  metrics: Sequence[keras.metrics.Metric], strategy,
                  collectives, config: TrainConfig, feed: Callable,
                  loss_scale=None, sharded=None):
-        self._model = model
         self._optimizer = optimizer
-        self._loss_fn = unreduced(loss_fn)
         self._metrics = list(metrics)
-        self._metric_variables = metric_variables(metrics, collectives)
         self._strategy = strategy
         self._collectives = collectives
         self._config = config
@@ -95,192 +142,133 @@ class TrainStep:
         self._loss_scale = loss_scale
         self._sharded = sharded
         self._split_steps = 0
-        self._variables = model.trainable_variables
-        self._set_up_noise(config, optimizer, collectives)
-        jit = config.jit_compile
-        compiled = jit or config.compile_update  # no matmul in them
-        self.jit_update = (compiled
-                           and len(strategy.extended.worker_devices) == 1)
+        self.layout = Layout.of(
+            config, len(strategy.extended.worker_devices),
+            collectives.num_replicas, sharded is not None)
+        self.replica = ReplicaStep(
+            model=model, optimizer=optimizer, loss_fn=loss_fn,
+            metrics=metrics,
+            metric_variables=metric_variables(metrics, collectives),
+            config=config, num_replicas=collectives.num_replicas,
+            loss_scale=loss_scale, nested_jit=not self.layout.one_replica)
+        self.row = self.replica.row
         self._sharded_sync = (
-            ShardedSync(sharded, collectives, self.noise_groups,
-                        self._metric_variables, measures_noise=(
-                            self.measures_noise), loss_scale=loss_scale,
+            ShardedSync(sharded, collectives, self.replica.noise_groups,
+                        self.replica.metric_variables,
+                        measures_noise=self.replica.measures_noise,
+                        loss_scale=loss_scale,
                         clip_global_norm=config.clip_global_norm,
-                        compiled=compiled)
+                        compiled=config.jit_compile or config.compile_update)
             if sharded is not None else None)
-        self._micro_batch = tf.function(self._micro_batch_fn, jit_compile=jit)
-        self._after_reduce = tf.function(self._after_reduce_fn,
-                                         jit_compile=compiled)
-        self._update = tf.function(
-            self._update_fn,
-            jit_compile=self.jit_update and sharded is None)
-        self.execute = tf.function(self._execute)
-        self.compute = tf.function(self._compute)
-        self.sync = tf.function(self._sync)
-        self.apply = tf.function(self._apply)
+        self._build_programs()
         # Values this object copied from the device to Python (each a wait
         # for the device): the loop's cost that does not show in a profile.
         self.host_reads = 0
 
-    def _set_up_noise(self, config: TrainConfig, optimizer,
-                      collectives) -> None:
-        """What the gradient noise scale needs: two batch sizes in a step,
-        so at least two micro-batches (replicas x accumulation steps); its
-        groups, the row that carries its numbers, its preconditioner."""
-        noise = config.noise_scale
-        self.micro_batches_per_step = (collectives.num_replicas
-                                       * config.num_accumulation_steps)
-        self.measures_noise = (noise.enabled
-                               and self.micro_batches_per_step >= 2)
-        self.noise_groups = noise_norms.assign_groups(self._variables, noise)
-        # The row each step returns (`step_row.py`).
-        self.row = RowLayout(len(self.noise_groups.names)
-                             if self.measures_noise else 0)
-        self._preconditioner = (
-            noise_norms.Preconditioner(optimizer, self._variables)
-            if self.measures_noise and noise.mode == "preconditioned"
-            else None)
-        # Compiled under op determinism (--deterministic): TensorFlow's CPU
-        # reductions of a large tensor split their sums by the intra-op
-        # thread count (an embedding's squared norm differs in the last
-        # bits at 1 and 8 threads), XLA's do not; so the noise scale (and
-        # AdaScale's rate) is the same on workers with other thread counts
-        # (a bare mpirun binds a rank to one core). It costs about 5% of a
-        # CPU step (BERT-tiny, 30,522-token vocabulary), so only there.
-        norms = lambda grads, factors: noise_norms.squared_norms(  # noqa: E731
-            grads, self.noise_groups, factors)
-        self._squared_norms = (
-            tf.function(norms, jit_compile=True)
-            if _compat.op_determinism_enabled() and not config.jit_compile
-            else norms)
+    @property
+    def noise_groups(self):
+        return self.replica.noise_groups
 
-    # ---- per replica -----------------------------------------------------
+    @property
+    def measures_noise(self) -> bool:
+        return self.replica.measures_noise
 
-    def _micro_batch_fn(self, batch, sums, factors):
-        """Forward and backward over one micro-batch; its metrics updated;
-        (loss, gradients, noise norms) added to `sums` (None: the first)."""
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-        scale = (tf.cast(self._loss_scale.scale, tf.float32)
-                 if self._loss_scale is not None else None)
-        with tf.GradientTape() as tape:
-            y_pred = self._model(x, training=True)
-            losses = self._loss_fn(y, y_pred, sample_weight)
-            loss = tf.reduce_sum(losses) / self._config.global_batch_size
-            if self._model.losses:
-                # Regularization is counted once per optimizer step in total.
-                loss += tf.add_n([tf.cast(l, tf.float32)
-                                  for l in self._model.losses]
-                                 ) / self.micro_batches_per_step
-            scaled = loss * scale if scale is not None else loss
-        grads = tape.gradient(scaled, self._variables)
-        # Dense gradients: embedding lookups give IndexedSlices, which can
-        # neither be summed over micro-batches nor packed into one all-reduce
-        # with the rest (an all-gather each). BERT's recipe densifies too.
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                 for g, v in zip(grads, self._variables)]
-        for metric in self._metrics:
-            metric.update_state(y, y_pred, sample_weight=sample_weight)
-        norms = tf.zeros([0])
-        if self.measures_noise:
-            # This micro-batch's squared gradient norm per group, before it
-            # joins the sum (noise_scale.py), without the loss scale.
-            norms = self._squared_norms(grads, factors)
-            if scale is not None:
-                norms = norms / tf.square(scale)
-        if sums is not None:
-            loss_sum, grad_sum, norm_sum = sums
-            loss = loss_sum + loss
-            grads = [a + b for a, b in zip(grad_sum, grads)]
-            norms = norm_sum + norms
-        return loss, grads, norms
+    @property
+    def micro_batches_per_step(self) -> int:
+        return self.replica.micro_batches_per_step
 
-    def _replica_compute(self, micro_batches):
-        factors = None
-        if self._preconditioner is not None:
-            factors, _ = self._preconditioner.factors()
-        before = [tf.identity(v) for v in self._metric_variables]
-        # One compiled function for every micro-batch: with accumulation it
-        # adds into sums that start at zero (a second trace would be a
-        # second XLA compilation).
-        sums = None
-        if len(micro_batches) > 1:
-            sums = (tf.constant(0.0),
-                    [tf.zeros_like(v) for v in self._variables],
-                    tf.zeros([len(self.noise_groups.names)
-                              if self.measures_noise else 0]))
-        for batch in micro_batches:
-            sums = self._micro_batch(batch, sums, factors)
-        loss_sum, grad_sum, norm_sum = sums
-        deltas = [v - b for v, b in zip(self._metric_variables, before)]
-        if self.measures_noise:
-            # [G squared-norm sums, micro-batch count]: summed over replicas.
-            norm_sum = tf.concat(
-                [norm_sum, [float(len(micro_batches))]], axis=0)
-        return tf.concat([[loss_sum], norm_sum], axis=0), grad_sum, deltas
+    def _build_programs(self) -> None:
+        """The compiled functions, as `Layout` places XLA (each a
+        `tf.function`; `jit_compile` only around `strategy.run`)."""
+        layout = self.layout
+        around = layout.one_replica
+        self._compute_program = tf.function(
+            self._compute, jit_compile=around and layout.compute_xla)
+        self._sync_program = tf.function(self._sync)
+        self._after_reduce_program = tf.function(
+            self._after_reduce, jit_compile=layout.update_xla)
+        self._update_program = tf.function(
+            self._update, jit_compile=layout.update_xla)
+        self._finish_program = tf.function(
+            self._finish, jit_compile=layout.update_xla)
+        self._step_program = (tf.function(self._fused_step, jit_compile=True)
+                              if layout.fused else self._one_step)
+        self._steps_program = tf.function(self._steps)
 
-    def _replica_sync(self, loss, grads, deltas, signals):
-        # The loss and the host's flags (stop_training, preemption) ride in
-        # the gradients' all-reduce: every worker learns any worker's flags
-        # at the same step, with no collective of their own; so do the
-        # noise scale's micro-batch norms and count (after the flags).
-        # The row's reduced part: [loss, stop, preempt, noise small sums
-        # and count] (`step_row.py`).
-        control = tf.concat([loss[:1], tf.cast(signals, tf.float32),
-                             loss[1:]], axis=0)
-        assert control.shape[0] == self.row.reduced_width, control.shape
+    # ---- cross replica (traced into the programs) -------------------------
+
+    def _compute(self, micro_batches):
+        return self._strategy.run(self.replica.compute, args=(micro_batches,))
+
+    def _sync(self, loss, grads, deltas, signals):
+        """(row part, gradients, finite) after the all-reduce."""
         if self._sharded_sync is not None:
-            return self._sharded_sync.sync(control, grads, deltas)
-        # tf.identity gives the values the replica's device: inputs that
-        # come from another tf.function carry none, and all_reduce needs it.
-        values = ([tf.identity(control)] + [tf.identity(g) for g in grads]
-                  + [tf.identity(d) for d in deltas])
-        reduced = self._collectives.all_reduce(values)
-        add_others(self._metric_variables, deltas, reduced[1 + len(grads):])
-        return self._after_reduce(reduced[0], reduced[1:1 + len(grads)])
+            return self._strategy.run(self._replica_sharded_sync,
+                                      args=(loss, grads, deltas, signals))
+        control, grads = self._strategy.run(
+            self._replica_reduce, args=(loss, grads, deltas, signals))
+        if self.layout.one_replica:
+            return self._after_reduce_program(control, grads)
+        return self._after_reduce(control, grads)
 
-    def _after_reduce_fn(self, control, grads):
-        """Loss-scale removal, the finite check, the noise scale's step
-        norms and clipping on the reduced gradients (no collective: compiled
-        with XLA on any device when asked)."""
-        if self._loss_scale is not None:
-            inverse = 1.0 / tf.cast(self._loss_scale.scale, tf.float32)
-            grads = [g * tf.cast(inverse, g.dtype) for g in grads]
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g))
-                                for g in grads])
-        if self.measures_noise:
-            # The step's gradient per group: after the loss scale, before
-            # clipping; then the preconditioner's ready flag.
-            factors, ready = (self._preconditioner.factors()
-                              if self._preconditioner is not None
-                              else (None, tf.constant(1.0)))
-            big = noise_norms.squared_norms(grads, self.noise_groups,
-                                            factors)
-            control = tf.concat([control, big, [ready]], axis=0)
-        if self.measures_noise and self._preconditioner is None:
-            # The same sums give the global norm (clipping): no second pass.
-            norm = tf.sqrt(tf.reduce_sum(big))
-        else:
-            norm = tf.linalg.global_norm(grads)
-        if self._config.clip_global_norm:
-            # After the all-reduce: clipping per-replica partial gradients
-            # (what Keras's global_clipnorm does, fact 8) is not the same.
-            grads, _ = tf.clip_by_global_norm(
-                grads, self._config.clip_global_norm, use_norm=norm)
-        return control, grads, finite
+    def _after_reduce(self, control, grads):
+        # A Python function, never a compiled one, goes to strategy.run
+        # (with several replicas, `replica.after_reduce` is compiled).
+        return self._strategy.run(
+            lambda c, g: self.replica.after_reduce(c, g),
+            args=(control, grads))
 
-    def _replica_compute_sync(self, micro_batches, signals):
-        loss, grads, deltas = self._replica_compute(micro_batches)
-        return self._replica_sync(loss, grads, deltas, signals)
-
-    def _update_fn(self, grads, finite=None):
+    def _update(self, grads, finite):
+        """The update (fp16: only where `finite`); returns the skipped
+        flag, float32 (1.0: skipped)."""
+        finite = self._local(finite)
+        if self._loss_scale is None:
+            finite = None
         if self._sharded is not None:
-            self._sharded.apply(grads, finite)
+            # Its gather cannot sit in a cond: it keeps the old values
+            # itself where not `finite` (`zero.ShardedOptimizer.apply`).
+            self._strategy.run(self._sharded.apply, args=(grads, finite))
+        elif finite is None:
+            self._strategy.run(self._replica_update, args=(grads,))
         else:
-            self._optimizer.apply(grads, self._variables)
+            # The same decision on every worker: `finite` is computed from
+            # the all-reduced gradients. The cond sits here, not in the
+            # replica function: TensorFlow refuses a `merge_call` (Keras's
+            # update under a strategy) inside a replica function's cond.
+            def update():
+                self._strategy.run(self._replica_update, args=(grads,))
+                return tf.constant(True)
+            tf.cond(finite, update, lambda: tf.constant(False))
+        if finite is None:
+            return tf.constant(0.0)
+        self._loss_scale.update(finite)
+        return 1.0 - tf.cast(finite, tf.float32)
 
-    # ---- cross replica (the compiled entry points) --------------------------
+    def _finish(self, control, grads):
+        """After the all-reduce: the after-reduce work and the update;
+        returns the step's row."""
+        control, grads, finite = self._after_reduce(control, grads)
+        skipped = self._update(grads, finite)
+        return tf.concat([self._local(control), [skipped]], axis=0)
 
-    def _execute(self, iterator, signals, num_steps):
+    def _fused_step(self, micro_batches, signals):
+        """A whole step of the job's only replica: one XLA program."""
+        loss, grads, deltas = self._compute(micro_batches)
+        control, grads = self._strategy.run(
+            self._replica_reduce, args=(loss, grads, deltas, signals))
+        return self._finish(control, grads)
+
+    def _one_step(self, micro_batches, signals):
+        loss, grads, deltas = self._compute_program(micro_batches)
+        if self._sharded_sync is not None or not self.layout.one_replica:
+            control, grads, finite = self._sync(loss, grads, deltas, signals)
+            skipped = self._update_program(grads, finite)
+            return tf.concat([self._local(control), [skipped]], axis=0)
+        control, grads = self._strategy.run(
+            self._replica_reduce, args=(loss, grads, deltas, signals))
+        return self._finish_program(control, grads)
+
+    def _steps(self, iterator, signals, num_steps):
         """Up to `num_steps` whole steps, reading the input from `iterator`.
 
         Args:
@@ -301,7 +289,9 @@ class TrainStep:
 
         def one_step(i, flags, rows):
             del flags
-            row = self._one_step(iterator, signals)
+            micro_batches = self._feed(iterator,
+                                       self._config.num_accumulation_steps)
+            row = self._step_program(micro_batches, signals)
             flags = row[RowLayout.STOP] + row[RowLayout.PREEMPT]
             return i + 1, flags, rows.write(i, row)
 
@@ -311,55 +301,45 @@ class TrainStep:
                                    (tf.constant(0), tf.constant(0.0), rows))
         return rows.stack(), self._packed_metrics()
 
-    def _one_step(self, iterator, signals):
-        micro_batches = self._feed(iterator,
-                                   self._config.num_accumulation_steps)
-        control, grads, finite = self._strategy.run(
-            self._replica_compute_sync, args=(micro_batches, signals))
-        control = self._local(control)
-        if self._loss_scale is None:
-            self._apply(grads)
-            skipped = tf.constant(0.0)
-        else:
-            # The same decision on every worker: `finite` is computed from
-            # the all-reduced gradients. Keras's update is a `merge_call`
-            # under a strategy, and TensorFlow refuses a `merge_call` inside
-            # a `cond` in a replica function ("merge_call called while
-            # defining a new graph", tried under MWMS and Mirrored; Keras's
-            # own gradient accumulation fails the same way,
-            # keras-team/keras#20582): the `cond` is at this level.
-            finite = self._local(finite)
-            if self._sharded is not None:
-                # Its gather cannot sit in a cond: it keeps the old values
-                # itself (`zero.ShardedOptimizer.apply`).
-                self._apply(grads, finite)
-                self._loss_scale.update(finite)
-                return tf.concat(
-                    [control, [1.0 - tf.cast(finite, tf.float32)]], axis=0)
+    # ---- per replica (around `ReplicaStep`) -------------------------------
 
-            def update():
-                self._apply(grads)
-                return tf.constant(0.0)
+    def _control(self, loss, signals):
+        # The loss and the host's flags (stop_training, preemption) ride in
+        # the gradients' all-reduce: every worker learns any worker's flags
+        # at the same step, with no collective of their own; so do the
+        # noise scale's micro-batch norms and count (after the flags).
+        control = tf.concat([loss[:1], tf.cast(signals, tf.float32),
+                             loss[1:]], axis=0)
+        assert control.shape[0] == self.row.reduced_width, control.shape
+        return control
 
-            skipped = tf.cond(finite, update, lambda: tf.constant(1.0))
-            self._loss_scale.update(finite)
-        return tf.concat([control, [skipped]], axis=0)
+    def _replica_reduce(self, loss, grads, deltas, signals):
+        """(row part, gradients) summed over every replica; the job's only
+        replica has nothing to sum (and sends nothing)."""
+        control = self._control(loss, signals)
+        if self.layout.alone:
+            return control, grads
+        # tf.identity gives the values the replica's device: inputs that
+        # come from another tf.function carry none, and all_reduce needs it.
+        values = ([tf.identity(control)] + [tf.identity(g) for g in grads]
+                  + [tf.identity(d) for d in deltas])
+        reduced = self._collectives.all_reduce(values)
+        add_others(self.replica.metric_variables, deltas,
+                   reduced[1 + len(grads):])
+        return reduced[0], reduced[1:1 + len(grads)]
+
+    def _replica_sharded_sync(self, loss, grads, deltas, signals):
+        return self._sharded_sync.sync(self._control(loss, signals), grads,
+                                       deltas)
+
+    def _replica_update(self, grads):
+        self.replica.update(grads)
 
     def _packed_metrics(self):
         values = self.metric_results()
         return tf.stack([tf.cast(tf.reshape(v, []), tf.float32)
                          for v in values.values()] or
                         [tf.constant(0.0)])
-
-    def _compute(self, micro_batches):
-        return self._strategy.run(self._replica_compute, args=(micro_batches,))
-
-    def _sync(self, loss, grads, deltas, signals):
-        return self._strategy.run(self._replica_sync,
-                                  args=(loss, grads, deltas, signals))
-
-    def _apply(self, grads, finite=None):
-        self._strategy.run(self._update, args=(grads, finite))
 
     def metric_results(self):
         """{name: value} of every metric (read in the same dispatch)."""
@@ -393,8 +373,8 @@ class TrainStep:
         if not self.plan.is_timed(step):
             timer.start()
             try:
-                rows, metrics = self.execute(iterator, signals,
-                                             tf.constant(num_steps))
+                rows, metrics = self._steps_program(iterator, signals,
+                                                    tf.constant(num_steps))
             except tf.errors.OpError as e:
                 if is_input_error(e):
                     raise input_error(e) from e
@@ -404,30 +384,37 @@ class TrainStep:
                                self._read(metrics).tolist()))
             timer.stop(timed=False, steps=len(rows))
             return self.row.result(rows, metrics)
+        return self._run_timed(iterator, signals, timer)
+
+    def _run_timed(self, iterator, signals, timer) -> StepsResult:
+        """One step part by part, each part followed by a host wait."""
         timer.start()
         micro_batches = self._feed(iterator,
                                    self._config.num_accumulation_steps)
         timer.mark("input_wait")
-        loss, grads, deltas = self.compute(micro_batches)
+        loss, grads, deltas = self._compute_program(micro_batches)
         self._read(self._local(loss))  # wait for the backward pass
         timer.mark("compute")
-        control, grads, finite = self.sync(loss, grads, deltas, signals)
+        control, grads, finite = self._sync_program(loss, grads, deltas,
+                                                    signals)
         control = self._read(self._local(control))
-        finite = bool(self._read(self._local(finite)))
         timer.mark("sync")
-        if finite or self._loss_scale is None:
-            self.apply(grads)
-            self._read(self._optimizer.iterations)  # wait for the update
-        if self._loss_scale is not None:
-            self._loss_scale.update(finite)
+        skipped = float(self._read(self._update_program(grads, finite)))
         timer.mark("update")
         # The very first part-by-part step traces the functions: not counted.
         timer.stop(timed=self._split_steps > 0)
         self._split_steps += 1
-        skipped = float(not finite and self._loss_scale is not None)
         metrics = {k: float(self._read(v))
                    for k, v in self.metric_results().items()}
         return self.row.result([list(control) + [skipped]], metrics)
+
+    def call_graph(self, iterator, num_steps: int = 10):
+        """The traced graph of one call of several steps (the training
+        loop's usual call), e.g. to count what runs outside XLA
+        (`benchmarks/step_kernels.py`). Traces; runs nothing."""
+        return self._steps_program.get_concrete_function(
+            iterator, tf.TensorSpec([2], tf.float32),
+            tf.constant(num_steps)).graph
 
     def metric_results_names(self) -> list:
         """The names of `metric_results()`, in its order."""

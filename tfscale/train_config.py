@@ -5,6 +5,7 @@ import dataclasses
 from typing import Optional
 
 from tfscale import precision as precision_lib
+from tfscale import xla_flags
 from tfscale.errors import ConfigError
 from tfscale.noise_scale import NoiseScaleConfig
 
@@ -17,7 +18,9 @@ class TrainConfig:
         global_batch_size: Examples per optimizer step, over all replicas and
             accumulation micro-batches.
         num_accumulation_steps: Micro-batches per optimizer step.
-        jit_compile: XLA-compile the per-replica forward/backward.
+        jit_compile: XLA-compile the forward/backward (with one replica per
+            worker, the whole step: `step.py`). None: auto, on where the
+            strategy's devices are all GPUs (`resolve_auto`).
         compile_update: XLA-compile, also without `jit_compile`, what
             holds no matmul: the work after the all-reduce (loss-scale
             removal, the finite check, the noise scale's norms, clipping)
@@ -67,7 +70,7 @@ class TrainConfig:
 
     global_batch_size: int
     num_accumulation_steps: int = 1
-    jit_compile: bool = False
+    jit_compile: Optional[bool] = False
     xla_gemm: str = "cublas"
     compile_update: bool = True
     clip_global_norm: Optional[float] = None
@@ -111,6 +114,17 @@ class TrainConfig:
                              f"{self.steps_per_execution}")
         if self.timed_steps_per_log < 0:
             raise ValueError("timed_steps_per_log must be >= 0")
+
+
+def resolve_auto(config: TrainConfig, strategy) -> TrainConfig:
+    """`config` with `jit_compile=None` (auto) decided for `strategy`: on
+    where its devices are all GPUs (`xla_flags.choose`)."""
+    if config.jit_compile is not None:
+        return config
+    devices = strategy.extended.worker_devices
+    on_gpus = all("GPU" in device.upper() for device in devices)
+    return dataclasses.replace(config,
+                               jit_compile=xla_flags.choose(None, on_gpus)[0])
 
 
 def check_fits(model, config: TrainConfig, replicas: int) -> None:

@@ -36,7 +36,7 @@ from tfscale._compat_callbacks import continue_tensorboard_steps
 from tfscale.preemption import Preempted, SignalWatch
 from tfscale.reporting import IntervalReport
 from tfscale.timing import StepTimer
-from tfscale.train_config import TrainConfig
+from tfscale.train_config import TrainConfig, resolve_auto
 
 
 class Trainer:
@@ -78,6 +78,7 @@ class Trainer:
                  metrics: Sequence[keras.metrics.Metric] = (),
                  backend="mwms"):
         self.metrics = list(metrics)
+        config = resolve_auto(config, strategy)
         # The input of the current `fit` (a `ReplicaFeed`): None between
         # fits; the step reads it through the lambda below.
         self._feed = None
@@ -100,6 +101,7 @@ class Trainer:
         self.noise_scale = parts.noise_scale
         self._sharded = parts.sharded
         self._train_step = parts.train_step
+        self.step_layout = parts.train_step.layout.describe()  # in words
         self._adascale = parts.adascale
         self._eval_step = parts.eval_step
         self._resume = parts.resume

@@ -1,4 +1,10 @@
-"""XLA_FLAGS for `--xla`: XLA's GEMMs on cuBLAS, its autotuning cached.
+"""Whether XLA compiles the step (`choose`: `--xla`'s auto default), and
+XLA_FLAGS for it: XLA's GEMMs on cuBLAS, its autotuning cached.
+
+`--xla` is auto by default: on where the worker's devices are GPUs (the
+BERT-base step is one XLA program there, `step.py`), off on CPUs, where
+XLA's CPU code is slower for BERT than TensorFlow's oneDNN kernels
+(benchmarks/README.md); `--xla` and `--noxla` force it.
 
 TensorFlow 2.21's XLA hands every GEMM of a GPU step to a Triton kernel:
 at `--xla_gpu_autotune_level=0` one untuned tiling, at the default level
@@ -23,7 +29,7 @@ TensorFlow-free.
 import dataclasses
 import os
 import shlex
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 GEMM_BACKENDS = ("cublas", "triton")
 TRITON_GEMM = "--xla_gpu_enable_triton_gemm"
@@ -42,6 +48,16 @@ class XlaSetup:
 
     flags: str
     description: str
+
+
+def choose(requested: Optional[bool], on_gpus: bool) -> Tuple[bool, str]:
+    """(XLA on, why: for the start banner) from `--xla` (`requested`: True,
+    False, or None for auto) and whether the worker's devices are GPUs."""
+    if requested is not None:
+        return requested, "--xla" if requested else "--noxla"
+    if on_gpus:
+        return True, "auto: the worker's devices are GPUs"
+    return False, "auto: off on CPUs, where it is slower; --xla forces it"
 
 
 def _flag_names(flags: str) -> Dict[str, str]:

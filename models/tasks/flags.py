@@ -8,6 +8,8 @@ values."""
 import os
 import sys
 
+from absl import flags as absl_flags
+
 from tfscale.errors import flag_message
 
 # The flags every job has: (concern, kind, name, help, enum choices). A job
@@ -56,8 +58,9 @@ JOB_FLAG_TABLE = (
      "augmentation.", None),
     ("numerics", "enum", "precision", "Precision.",
      ("float32", "mixed_bfloat16", "mixed_float16")),
-    ("numerics", "bool", "xla", "XLA-compile the forward/backward pass.",
-     None),
+    ("numerics", "auto_bool", "xla", "XLA-compile the step: auto (the "
+     "default) on when the worker's devices are GPUs, off on CPUs (slower "
+     "there for BERT); --xla or --noxla forces it.", None),
     ("numerics", "enum", "xla_gemm", "With --xla on a GPU, XLA's GEMMs on "
      "cuBLAS (--xla_gpu_enable_triton_gemm=false) or on Triton (XLA's own "
      "autotuning); autotuning cached in --output_dir/xla_autotune. A flag "
@@ -96,6 +99,8 @@ def define_job_flags(flags, defaults: dict, helps=None, section=None) -> None:
         if kind == "enum":
             getattr(flags, "DEFINE_enum")(name, defaults[name], list(choices),
                                           text, **kwargs)
+        elif kind == "auto_bool":
+            define_auto_bool(flags, name, defaults[name], text, **kwargs)
         else:
             getattr(flags, f"DEFINE_{kind}")(name, defaults[name], text,
                                              **kwargs)
@@ -103,6 +108,27 @@ def define_job_flags(flags, defaults: dict, helps=None, section=None) -> None:
     if unknown:
         raise KeyError(f"defaults for flags that are not job flags: "
                        f"{sorted(unknown)}")
+
+
+class _AutoBoolParser(absl_flags.BooleanParser):
+    """A bool flag's parser that also takes "auto" (the value None)."""
+
+    syntactic_help = "true, false or auto"
+
+    def parse(self, argument):
+        if isinstance(argument, str) and argument.lower() == "auto":
+            return None
+        return super().parse(argument)
+
+    def flag_type(self) -> str:
+        return "bool or auto"
+
+
+def define_auto_bool(flags, name: str, default, text: str, **kwargs) -> None:
+    """A flag that is True (--name), False (--noname) or None (auto:
+    --name=auto, or the default "auto")."""
+    flags.DEFINE_flag(flags.Flag(_AutoBoolParser(), None, name, default,
+                                 text, None, True), **kwargs)
 
 
 def fail(program: str, message: str):

@@ -75,7 +75,7 @@ define_job_flags(
                   lr_scaling="none", reference_batch_size=0,
                   optimizer="lamb", weight_decay=0.01, clip_global_norm=1.0,
                   shard_optimizer_state=False,
-                  seed=12345, precision="float32", xla=False,
+                  seed=12345, precision="float32", xla="auto",
                   xla_gemm="cublas",
                   deterministic=False, do_train=True, eval_batch_size=32,
                   max_eval_steps=100, output_dir=None,

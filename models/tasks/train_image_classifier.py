@@ -67,7 +67,7 @@ define_job_flags(
                   lr_scaling="linear", reference_batch_size=256,
                   optimizer="sgd", weight_decay=1e-4, clip_global_norm=0.0,
                   shard_optimizer_state=False,
-                  seed=12345, precision="float32", xla=False,
+                  seed=12345, precision="float32", xla="auto",
                   xla_gemm="cublas",
                   deterministic=False, do_train=True, eval_batch_size=256,
                   max_eval_steps=0, output_dir=None,

@@ -111,10 +111,15 @@ def main(argv):
                         "(first writing the time to raised_at.json)")
     p.add_argument("--tensorboard", default=None)
     p.add_argument("--backup_dir", default=None)
+    p.add_argument("--gpu_branch", action="store_true",
+                   help="tf.distribute's GPU branch (tests/gpu_branch.py)")
     args = p.parse_args(argv)
 
     tf.config.experimental.enable_op_determinism()
     keras.utils.set_random_seed(1)
+    if args.gpu_branch:
+        from tests import gpu_branch
+        gpu_branch.take_gpu_branch()
     from absl import logging
     logging.set_verbosity(logging.INFO)  # the Trainer's "resumed from" lines
     try:
