@@ -142,8 +142,11 @@ def trace_layout(fields: dict, args, bert_config: dict):
     feed = ReplicaFeed(strategy, lambda context: data, num_replicas=1,
                        num_workers=1, worker_index=0)
     trainer._feed = feed  # what fit sets: the call reads it
-    return trainer._train_step.call_graph(feed.iterator,
-                                          args.steps_per_call), trainer
+    from tfscale import trainer_parts
+    with trainer_parts.borrowed(model, trainer.optimizer):  # as in fit
+        graph = trainer._train_step.call_graph(feed.iterator,
+                                               args.steps_per_call)
+    return graph, trainer
 
 
 def main():

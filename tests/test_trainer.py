@@ -354,3 +354,109 @@ def test_an_error_in_fit_closes_the_callbacks_files_and_keeps_the_backup(
     rows = list(csv.reader(open(tmp_path / "log.csv")))
     assert [r[0] for r in rows[1:]] == ["0", "1"]
     assert (tmp_path / "backup" / "training_metadata.json").exists()
+
+
+@pytest.mark.parametrize("drop_remainder", [True, False],
+                         ids=["static batch", "dynamic batch"])
+@pytest.mark.parametrize("per_call", [1, 4])
+def test_a_dataset_fn_of_global_batches_is_refused(drop_remainder, per_call):
+    """The Keras habit, batches of the global size, with 2 replicas and 2
+    micro-batches: refused in one line naming dataset_fn, both batches and
+    the arithmetic, whether the batch dimension is known when the step is
+    traced (checked on the host) or not (on the device, first step of a
+    call). Before the check it trained at 4x the gradient, silently."""
+    from tfscale.replica_feed import BatchSizeError
+    trainer = make_trainer(mirrored(TWO_CPUS), TrainConfig(
+        global_batch_size=32, num_accumulation_steps=2, verbose=0,
+        steps_per_execution=per_call, log_steps=8, timed_steps_per_log=1))
+    x, y = data()
+
+    def dataset_fn(context):
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+            32, drop_remainder=drop_remainder)
+
+    with pytest.raises(BatchSizeError) as raised:
+        trainer.fit(dataset_fn, steps_per_epoch=8)
+    assert str(raised.value) == (
+        "dataset_fn yields batches of 32 examples; the Trainer takes 8 per "
+        "replica per micro-batch (global batch 32 = 8 per replica x 2 "
+        "replica(s) x 2 accumulation step(s)): batch the dataset with "
+        "trainer.per_replica_batch_size")
+    assert "\n" not in str(raised.value)
+    assert int(trainer.optimizer.iterations.numpy()) == 0
+
+
+def test_model_fit_after_the_trainer_is_a_plain_model_fit():
+    """The Trainer leaves the user's optimizer and model as it found them:
+    on 2 replicas, `model.fit` of a model the Trainer trained ends where a
+    plain `model.fit` from the same weights ends (the Trainer switched the
+    optimizer's own cross-replica sum off for good: 0.6 away)."""
+    strategy = mirrored(TWO_CPUS)
+    x, y = data()
+    models = []
+    for seed in (3, 4):
+        keras.utils.set_random_seed(seed)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((6,)),
+                                      keras.layers.Dense(8, activation="tanh"),
+                                      keras.layers.Dense(1)])
+            model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        models.append(model)
+    used, fresh = models
+    optimizer = used.optimizer
+    Trainer.from_compiled(used, TrainConfig(global_batch_size=32,
+                                            verbose=0)).fit(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=1)
+    assert used.optimizer is optimizer
+    assert "_all_reduce_sum_gradients" not in vars(optimizer)
+    fresh.set_weights(used.get_weights())
+    for model in models:
+        model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(weights(used), weights(fresh)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+PLAIN_SCRIPT = """
+import sys, tempfile
+import keras, numpy as np, tensorflow as tf
+from tfscale import Trainer, TrainConfig
+x = np.random.RandomState(0).randn(256, 6).astype("float32")
+y = x.sum(1, keepdims=True)
+strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+with strategy.scope():
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+trainer = Trainer.from_compiled(model, TrainConfig(
+    global_batch_size=32, verbose=int(sys.argv[1]), log_steps=8,
+    checkpoint_dir=tempfile.mkdtemp(), save_checkpoints_steps=8))
+trainer.fit(lambda context: tf.data.Dataset.from_tensor_slices((x, y))
+            .repeat().batch(32), steps_per_epoch=16)
+"""
+
+
+@pytest.mark.parametrize("verbose", [2, 0])
+def test_a_plain_python_script_shows_progress_on_stdout(verbose):
+    """From plain Python (no absl app): the interval and checkpoint lines on
+    stdout at verbose 2 (they went to absl's INFO log, hidden there), none
+    at 0; absl's INFO lines (TensorFlow's own) stay hidden either way."""
+    import re
+    import subprocess
+    import sys
+    from tests.conftest import REPO
+    proc = subprocess.run(
+        [sys.executable, "-c", PLAIN_SCRIPT, str(verbose)], cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines()
+             if line.startswith("tfscale: ")]
+    if verbose == 2:
+        assert [line.split(":")[1].strip() for line in lines
+                if line.startswith("tfscale: step ")] == ["step 8", "step 16"]
+        assert sum("saved checkpoint" in line for line in lines) == 2
+    else:
+        assert lines == []
+    # (absl's INFO lines from Python; TensorFlow's C++ start-up lines
+    # before absl's log is set up are not Python's to hide.)
+    assert not re.search(r"^I\d{4} .*\.py:\d+\]", proc.stderr, re.MULTILINE)

@@ -74,8 +74,11 @@ def slurm_expand_tasks_per_node(spec: str) -> list:
     return slurm_cluster_resolver.expand_tasks_per_node(spec)
 
 
+_MISSING = object()
+
+
 @shim
-def disable_gradient_aggregation(optimizer):
+def disable_gradient_aggregation(optimizer) -> list:
     """Stops a Keras 3 optimizer from all-reducing gradients itself.
 
     Keras 3's TensorFlow optimizer sums gradients across replicas inside
@@ -84,26 +87,40 @@ def disable_gradient_aggregation(optimizer):
     non-finite values and accumulate before it), so the optimizer must take
     the already-reduced gradients as they are; otherwise every update would
     be num_replicas times too large. Applies to the wrapped optimizer too.
+    Read when a step is traced: `restore_gradient_aggregation` undoes it
+    for what is traced later (a `model.fit` of the user's own).
 
     Args:
         optimizer: A `keras.optimizers.Optimizer` (TensorFlow backend).
 
     Returns:
-        The same optimizer.
+        What `restore_gradient_aggregation` takes to undo it.
     """
     if not hasattr(optimizer, "_all_reduce_sum_gradients"):
         raise TypeError(
             f"{type(optimizer).__name__} has no _all_reduce_sum_gradients: "
             f"this Keras ({keras.__version__}) is not the one tfscale "
             "supports")
+    saved = [(optimizer, optimizer.__dict__.get("_all_reduce_sum_gradients",
+                                                _MISSING))]
     optimizer._all_reduce_sum_gradients = lambda grads_and_vars: list(
         grads_and_vars)
     # keras.optimizers.LossScaleOptimizer.apply calls its inner optimizer's
     # apply, which would all-reduce again: N workers, N times the gradient.
     inner = getattr(optimizer, "inner_optimizer", None)
     if inner is not None:
-        disable_gradient_aggregation(inner)
-    return optimizer
+        saved += disable_gradient_aggregation(inner)
+    return saved
+
+
+@shim
+def restore_gradient_aggregation(saved: list) -> None:
+    """Undoes `disable_gradient_aggregation` (its return value)."""
+    for optimizer, previous in saved:
+        if previous is _MISSING:
+            optimizer.__dict__.pop("_all_reduce_sum_gradients", None)
+        else:
+            optimizer._all_reduce_sum_gradients = previous
 
 
 @shim

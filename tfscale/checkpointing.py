@@ -306,8 +306,6 @@ class CheckpointKeeper:
         if self._barrier_fn is not None:
             self._barrier_fn()
         path = self._manager.save(checkpoint_number=step)
-        if self._is_chief:
-            logging.info("tfscale: saved checkpoint %s", path)
         return path if self._is_chief else None
 
     def close(self):

@@ -27,6 +27,7 @@ line, the entry points leave with `os._exit` once every file is flushed
 (`tfscale.cli.leave`; `python -m benchmarks.exit_time`).
 """
 
+import re
 import threading
 
 import tensorflow as tf
@@ -99,6 +100,84 @@ class ReplicaFeed:
         first = self._first_replica
         return self._strategy.experimental_distribute_values_from_function(
             lambda context: elements[context.replica_id_in_sync_group - first])
+
+
+class BatchSizeError(ValueError):
+    """The input's batches are not the per-replica batch the Trainer's
+    loss scaling, throughput and input position count."""
+
+
+# What marks the batch check's assertion in TensorFlow's error message.
+_BATCH_MARK = "tfscale batch check: dataset_fn yields batches of"
+
+
+class BatchCheck:
+    """The per-replica batch the step takes, checked against the batches
+    the input yields.
+
+    Every micro-batch's loss is summed over its examples and divided by the
+    global batch (`replica_step.py`): batches of the global size (Keras's
+    habit) would train N x k times too hard, silently. A batch dimension
+    known when the step is traced is checked then, in Python; an unknown one
+    (`Dataset.batch` without `drop_remainder`) on the device, on the first
+    step of each call (no cost to the other steps).
+
+    Args:
+        per_replica_batch_size: What each replica takes per micro-batch.
+        words: The global batch's arithmetic, for the error.
+    """
+
+    def __init__(self, per_replica_batch_size: int, words: str):
+        self.expected = per_replica_batch_size
+        self.words = words
+
+    @classmethod
+    def of(cls, config, replicas: int) -> "BatchCheck":
+        """The check of a `TrainConfig`'s batch over `replicas`."""
+        k = config.num_accumulation_steps
+        per_replica = config.global_batch_size // (replicas * k)
+        return cls(per_replica, (
+            f"global batch {config.global_batch_size} = {per_replica} per "
+            f"replica x {replicas} replica(s) x {k} accumulation step(s)"))
+
+    def message(self, yielded) -> str:
+        return (f"dataset_fn yields batches of {yielded} examples; the "
+                f"Trainer takes {self.expected} per replica per micro-batch "
+                f"({self.words}): batch the dataset with "
+                "trainer.per_replica_batch_size")
+
+    def static(self, element_spec) -> None:
+        """Raises `BatchSizeError` when the input's batch dimension is
+        known and wrong (on the host, before a step runs)."""
+        spec = tf.nest.flatten(element_spec, expand_composites=True)[0]
+        size = spec.shape[0] if spec.shape.rank else None
+        if size is not None and size != self.expected:
+            raise BatchSizeError(self.message(size))
+
+    def __call__(self, strategy, micro_batches) -> list:
+        """The device assertions for the batch dimensions not known when
+        the step is traced (eager batches: checked at once)."""
+        checks = []
+        for batch in micro_batches:
+            for leaf in strategy.experimental_local_results(
+                    tf.nest.flatten(batch)[0]):
+                if tf.executing_eagerly():
+                    if int(leaf.shape[0]) != self.expected:
+                        raise BatchSizeError(self.message(leaf.shape[0]))
+                    continue
+                if leaf.shape.rank and leaf.shape[0] is not None:
+                    continue  # checked on the host (`static`)
+                actual = tf.shape(leaf)[0]
+                checks.append(tf.debugging.Assert(
+                    tf.equal(actual, self.expected),
+                    [_BATCH_MARK, actual]))
+        return checks
+
+    def error(self, error: tf.errors.OpError):
+        """The `BatchSizeError` a failed device check raised, or None."""
+        found = re.search(re.escape(_BATCH_MARK) + r"\]\s*\[(\d+)\]",
+                          error.message or "")
+        return BatchSizeError(self.message(found.group(1))) if found else None
 
 
 def is_input_error(error: tf.errors.OpError) -> bool:

@@ -272,6 +272,7 @@ class Saver:
         self._sharded = sharded
         self._saved_step = None
         self.path: Optional[str] = None  # the latest checkpoint written
+        self.report = None  # fn(line): says each save
 
     def saved_at(self, step: int) -> None:
         """A checkpoint of `step` exists (the one restored)."""
@@ -295,3 +296,5 @@ class Saver:
         self._saved_step = step
         if path:
             self.path = path
+            if self.report is not None:
+                self.report(f"saved checkpoint {path}")

@@ -34,14 +34,12 @@ sit on different devices): the compute and the after-reduce work are
 compiled inside it, as functions without a `merge_call`, and the update
 runs op by op.
 
-`run` is the training loop's one entry point. A call runs up to n whole
-steps (Keras's `steps_per_execution`, Google's `iterations_per_loop`): the
-input is read inside the call and the loss, flags and noise-scale sums of
-every step come back in one tensor, read once; the loop leaves at the first
-step whose all-reduced flags ask to stop or to save for a preemption, so
-every worker leaves at the same step. The last steps of each log interval
-run part by part instead (compute, sync, update as separate calls, each
-followed by a host wait) to time each part.
+`run` is the loop's one entry point. A call runs up to n whole steps
+(Keras's `steps_per_execution`, Google's `iterations_per_loop`), reading
+the input inside it; every step's loss, flags and noise sums come back in
+one tensor. It leaves at the first step whose all-reduced flags ask to
+stop or save, on every worker alike. The last steps of each log interval
+run part by part (each part followed by a host wait) to time each part.
 """
 
 import dataclasses
@@ -51,7 +49,7 @@ import keras
 import tensorflow as tf
 
 from tfscale.loss_metrics import add_others, metric_variables
-from tfscale.replica_feed import input_error, is_input_error
+from tfscale.replica_feed import BatchCheck, input_error, is_input_error
 from tfscale.replica_step import ReplicaStep
 from tfscale.sharded_sync import ShardedSync
 from tfscale.step_plan import StepPlan
@@ -109,9 +107,9 @@ class TrainStep:
 
     Args:
         model: A built Keras 3 model, created under `strategy.scope()`.
-        optimizer: Its optimizer, created under the same scope, with its own
-            gradient aggregation switched off
-            (`_compat.disable_gradient_aggregation`).
+        optimizer: Its optimizer, created under the same scope (its own
+            cross-replica sum off while the step traces:
+            `trainer_parts.borrowed`).
         loss_fn: `keras.losses.Loss` or `fn(y_true, y_pred) -> [batch]`.
         metrics: Keras metrics updated with (y_true, y_pred) per micro-batch.
         strategy: The `tf.distribute` strategy.
@@ -145,6 +143,7 @@ class TrainStep:
         self.layout = Layout.of(
             config, len(strategy.extended.worker_devices),
             collectives.num_replicas, sharded is not None)
+        self._batch_check = BatchCheck.of(config, collectives.num_replicas)
         self.replica = ReplicaStep(
             model=model, optimizer=optimizer, loss_fn=loss_fn,
             metrics=metrics,
@@ -283,22 +282,32 @@ class TrainStep:
             three summed over replicas); metrics: the metric results after
             the last step, packed in one float32 vector.
         """
+        k = self._config.num_accumulation_steps
+
+        def run_step(i, micro_batches, rows, checks=()):
+            with tf.control_dependencies(checks):
+                row = self._step_program(micro_batches, signals)
+            return row[RowLayout.STOP] + row[RowLayout.PREEMPT], rows.write(
+                i, row)
+
         def keep_going(i, flags, rows):
             del rows
             return tf.logical_and(i < num_steps, flags <= 0.0)
 
         def one_step(i, flags, rows):
             del flags
-            micro_batches = self._feed(iterator,
-                                       self._config.num_accumulation_steps)
-            row = self._step_program(micro_batches, signals)
-            flags = row[RowLayout.STOP] + row[RowLayout.PREEMPT]
-            return i + 1, flags, rows.write(i, row)
+            flags, rows = run_step(i, self._feed(iterator, k), rows)
+            return i + 1, flags, rows
 
         rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True,
                               element_shape=[self.row.size])
+        # The first step apart: its input's batch is checked (`BatchCheck`),
+        # the loop's steps run unchecked.
+        first = self._feed(iterator, k)
+        flags, rows = run_step(0, first, rows,
+                               self._batch_check(self._strategy, first))
         _, _, rows = tf.while_loop(keep_going, one_step,
-                                   (tf.constant(0), tf.constant(0.0), rows))
+                                   (tf.constant(1), flags, rows))
         return rows.stack(), self._packed_metrics()
 
     # ---- per replica (around `ReplicaStep`) -------------------------------
@@ -368,14 +377,20 @@ class TrainStep:
 
         Raises:
             InputPipelineError: Reading the input failed.
+            BatchSizeError: The input's batches are not the per-replica
+                batch.
         """
         signals = tf.constant(signals, tf.float32)
+        self._batch_check.static(iterator.element_spec)
         if not self.plan.is_timed(step):
             timer.start()
             try:
                 rows, metrics = self._steps_program(iterator, signals,
                                                     tf.constant(num_steps))
             except tf.errors.OpError as e:
+                batch_error = self._batch_check.error(e)
+                if batch_error is not None:
+                    raise batch_error from None
                 if is_input_error(e):
                     raise input_error(e) from e
                 raise
@@ -391,6 +406,7 @@ class TrainStep:
         timer.start()
         micro_batches = self._feed(iterator,
                                    self._config.num_accumulation_steps)
+        self._batch_check(self._strategy, micro_batches)  # eager: static
         timer.mark("input_wait")
         loss, grads, deltas = self._compute_program(micro_batches)
         self._read(self._local(loss))  # wait for the backward pass

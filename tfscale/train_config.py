@@ -66,6 +66,10 @@ class TrainConfig:
         noise_scale: How the gradient noise scale (the critical batch
             estimate) is measured in the step; `NoiseScaleConfig(mode="off")`
             switches it off. See `noise_scale.py`.
+        fail_fast: With several workers, an uncaught exception ends this
+            worker at once (`fail_fast.install`, a `sys.excepthook` for the
+            rest of the process), so its peers fail at once too. False:
+            the process's hook stays the user's.
     """
 
     global_batch_size: int
@@ -86,6 +90,7 @@ class TrainConfig:
     verbose: int = 2
     shard_optimizer_state: bool = False
     noise_scale: NoiseScaleConfig = NoiseScaleConfig()
+    fail_fast: bool = True
 
     def __post_init__(self):
         if self.global_batch_size <= 0:

@@ -12,11 +12,10 @@ and exact resume, preemption (SIGTERM -> agreed step -> checkpoint -> exit
 gradient sync, update).
 
 The math lives in `step.py`; this file is the loop around it. Where a fit
-starts (the checkpoint, `BackupAndRestore`, the input's position) and what
-a save writes is `resume.py`; where the run is (step, input position and
-order), `run_position.py`; evaluation, `evaluation.py`; what a log
-interval reports, `reporting.py`; what a worker holds and sends,
-`memory.py`.
+starts and what a save writes: `resume.py`; where the run is:
+`run_position.py`; evaluation: `evaluation.py`; a log interval:
+`reporting.py`; what a worker holds and sends: `memory.py`; what it says
+to a person: `console.py`.
 """
 
 import shutil
@@ -25,9 +24,9 @@ from typing import Callable, Optional, Sequence
 
 import keras
 import tensorflow as tf
-from absl import logging
 
 from tfscale import callback_files
+from tfscale import console
 from tfscale import evaluation
 from tfscale import fit_arguments
 from tfscale import memory
@@ -101,11 +100,13 @@ class Trainer:
         self.noise_scale = parts.noise_scale
         self._sharded = parts.sharded
         self._train_step = parts.train_step
+        self._borrowed = lambda: trainer_parts.borrowed(model, self.optimizer)
         self.step_layout = parts.train_step.layout.describe()  # in words
         self._adascale = parts.adascale
         self._eval_step = parts.eval_step
         self._resume = parts.resume
         self._saver = parts.saver
+        self._saver.report = self._log
         self._noise_notice = parts.noise_notice  # said by the first fit
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
         self._interval = IntervalReport(
@@ -193,12 +194,10 @@ class Trainer:
                 `(x, y[, sample_weight])` of arrays.
             shuffle: Shuffle arrays each epoch (the same order on all
                 workers).
-            initial_epoch: Epoch to start from (a fresh run only; a resumed
-                run starts where its checkpoint is).
+            initial_epoch: Epoch to start from (a fresh run only).
             steps_per_epoch: Optimizer steps per epoch (default: one pass
                 over a finite dataset or the arrays).
             validation_steps: Limit on validation batches.
-
         Returns:
             The `keras.callbacks.History` (epoch logs).
 
@@ -230,7 +229,7 @@ class Trainer:
         self._verbose = verbose
         # SIGTERM from now on is a preemption request (see preemption.py).
         try:
-            with SignalWatch() as watch:
+            with SignalWatch() as watch, self._borrowed():
                 return self._fit(dataset_fn, callbacks, callback_list,
                                  worker_dir, watch, steps_per_epoch, epochs,
                                  validation_fn, validation_steps,
@@ -300,9 +299,10 @@ class Trainer:
             x, batch_size=batch_size, y=y, sample_weight=sample_weight)
         for metric in self.metrics:
             metric.reset_state()
-        logs = evaluation.evaluate(self._eval_step, dataset_fn,
-                                   strategy=self.strategy,
-                                   collectives=self.collectives, steps=steps)
+        with self._borrowed():
+            logs = evaluation.evaluate(
+                self._eval_step, dataset_fn, strategy=self.strategy,
+                collectives=self.collectives, steps=steps)
         logs.update({k: float(v) for k, v in
                      self._train_step.metric_results().items()})
         return logs
@@ -444,6 +444,7 @@ class Trainer:
             self.collectives.leave_together()
 
     def _log(self, message: str):
-        if self.is_chief:
-            logging.info("tfscale: %s", message)
+        """A line for a person (`console.py`), the chief's; none at 0."""
+        if self.is_chief and self._verbose > 0:
+            console.say(message)
 

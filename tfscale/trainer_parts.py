@@ -9,6 +9,7 @@ the resume restores it (`resume.py`). The Trainer (`trainer.py`) then runs
 the loop over them.
 """
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Optional
 
@@ -50,6 +51,25 @@ class Parts:
     saver: resume_lib.Saver
 
 
+@contextlib.contextmanager
+def borrowed(model, optimizer):
+    """The user's model and optimizer as the Trainer's step needs them, for
+    one `fit` or `evaluate`, and as found again afterwards (also after an
+    error): the optimizer's own cross-replica sum switched off (the step
+    all-reduces once itself; read when the step is traced, so a later
+    `model.fit` traces Keras's own again), and `model.optimizer` the one
+    the Trainer updates with (Keras's callbacks look for it there; with
+    fp16, the `LossScaleOptimizer`'s inner one)."""
+    previous = getattr(model, "optimizer", None)
+    saved = _compat.disable_gradient_aggregation(optimizer)
+    model.optimizer = optimizer
+    try:
+        yield
+    finally:
+        model.optimizer = previous
+        _compat.restore_gradient_aggregation(saved)
+
+
 def _optimizer(model, optimizer, strategy, config: TrainConfig,
                collectives):
     """(the optimizer updated with, fp16's loss scale or None, the sharded
@@ -89,10 +109,6 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
     optimizer, loss_scale, sharded = _optimizer(model, optimizer, strategy,
                                                 config, collectives)
     position = RunPosition(config.global_batch_size)
-    _compat.disable_gradient_aggregation(optimizer)
-    # Keras callbacks (TensorBoard, BackupAndRestore, ModelCheckpoint)
-    # look for the optimizer where `compile` would have put it.
-    model.optimizer = optimizer
     train_step = TrainStep(
         model=model, optimizer=optimizer, loss_fn=loss_fn, metrics=metrics,
         strategy=strategy, collectives=collectives, config=config,
@@ -122,7 +138,7 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
             f"global batch {config.global_batch_size} over {replicas} "
             f"replica(s) x {config.num_accumulation_steps} accumulation "
             "step(s)"))
-    if collectives.num_workers > 1:
+    if collectives.num_workers > 1 and config.fail_fast:
         # An uncaught exception on this worker ends the job at once (not
         # after a collective timeout): see fail_fast.py.
         fail_fast.install(f"worker {collectives.worker_index}",
