@@ -92,9 +92,8 @@ class _Report(keras.callbacks.Callback):
         super().__init__()
         self.logs = None
 
-    def on_train_batch_end(self, batch, logs=None):
-        if logs and "step_time" in logs:
-            self.logs = dict(logs)
+    def on_interval_end(self, step, numbers):
+        self.logs = dict(numbers)
 
 
 def main(argv):

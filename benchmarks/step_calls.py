@@ -50,9 +50,8 @@ class Reads:
 
 
 class Last(keras.callbacks.Callback):
-    def on_train_batch_end(self, batch, logs=None):
-        if logs and "interval_loss" in logs:
-            self.report = dict(logs)
+    def on_interval_end(self, step, numbers):
+        self.report = dict(numbers)
 
 
 def make_data(batch, seq, preds, vocab):

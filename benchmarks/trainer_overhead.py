@@ -58,9 +58,8 @@ def minimal_loop(strategy, make_model, loss_fn, dataset_fn, batch_size,
 class LastReport(keras.callbacks.Callback):
     """Keeps the step time of the last log interval."""
 
-    def on_train_batch_end(self, batch, logs=None):
-        if logs and "step_time" in logs:
-            self.step_time = logs["step_time"]
+    def on_interval_end(self, step, numbers):
+        self.step_time = numbers["step_time"]
 
 
 def trainer_loop(strategy, make_model, loss_fn, dataset_fn, batch_size,

@@ -206,10 +206,19 @@ class ServiceDatasetFn:
     def __call__(self, input_context=None) -> tf.data.Dataset:
         if self.config.processing_mode == "parallel_epochs":
             dataset = tf.data.Dataset.from_tensors(0).map(
-                lambda _: worker_seed()).flat_map(self._build)
+                lambda _: worker_seed()).flat_map(self._build_seeded)
         else:
             dataset = self._build(None)
         return distribute(dataset, self.config)
+
+    def _build_seeded(self, seed):
+        """The pipeline with a service worker's own seed. Its graph takes no
+        seed from the process's global one: TensorFlow 2.21's `get_seed`
+        compares (global seed, op seed) with (0, 0), which raises for a
+        tensor op seed at a global seed of 0 (`--seed=0`). The worker's seed
+        is its clock's, so nothing repeatable is lost."""
+        tf.random.set_seed(None)
+        return self._build(seed)
 
 
 _WORKER_ERROR = re.compile(

@@ -11,6 +11,7 @@ import socket
 import sys
 import time
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -130,6 +131,21 @@ def test_training_batches_come_from_the_service(dispatcher, id_records, mode):
     assert all(epochs - 2 <= n <= epochs + 2 for n in counts.values()), counts
     batch = next(iter(dataset_fn(None)))
     assert batch[0].shape == (4, 16, 16, 3) and batch[0].dtype == tf.uint8
+
+
+def test_parallel_epochs_train_at_a_global_seed_of_0(dispatcher, id_records):
+    """`--seed=0` seeds the process with 0; each service worker's shuffle
+    seed is a tensor (its clock). TensorFlow 2.21 failed to compare them
+    with (0, 0); the pipeline now builds and reads every record."""
+    keras.utils.set_random_seed(0)
+    config = service.ServiceConfig(dispatcher, job_name="seed-0",
+                                   processing_mode="parallel_epochs")
+    records = tfrecord.TFRecordConfig(id_records, training=True, seed=0,
+                                      order="sharded", service=config,
+                                      shuffle_buffer_size=8)
+    counts = read_as_trainers(images.make_dataset_fn(records, SPEC, 4),
+                              limit=2 * NUM_IDS // 4)
+    assert sorted(counts) == list(range(NUM_IDS))
 
 
 def test_the_global_order_is_refused_with_a_service():

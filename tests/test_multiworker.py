@@ -77,8 +77,9 @@ def test_callbacks_see_hooks_and_logs_on_every_worker(sgd_two):
         assert kinds[0] == "train_begin" and kinds[-1] == "train_end"
         batches = [e for e in events if e[0] == "batch_end"]
         assert [e[1] for e in batches] == list(range(6))
-        assert {"loss", "mae"} <= set(batches[0][2])
-        assert {"learning_rate", "examples_per_second"} <= set(batches[1][2])
+        # What model.fit's logs hold (the interval's numbers go to
+        # summary.json and TensorBoard).
+        assert all(set(e[2]) == {"loss", "mae"} for e in batches)
         assert [e[1] for e in events if e[0] == "epoch_end"] == [0]
     # Reduced logs: both workers report the same loss.
     loss = [[e[2]["loss"] for e in load_events(sgd_two[0], i)["events"]

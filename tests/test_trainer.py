@@ -98,8 +98,13 @@ def test_trains_on_two_replicas_and_drives_callbacks():
                               "epoch_begin_1", "epoch_end_1", "epoch_begin_2",
                               "epoch_end_2", "train_end"]
     assert len(recorder.batch_logs) == 30
-    assert {"loss", "mae"} <= set(recorder.batch_logs[0])
-    report = recorder.batch_logs[4]  # log_steps=5: step 5 reports
+    # What model.fit's logs hold, nothing more (a CSVLogger's columns).
+    assert all(set(logs) == {"loss", "mae"} for logs in recorder.batch_logs)
+    assert set(history.history) == {"loss", "mae"}
+    # The interval's numbers in their own place.
+    assert [r["step"] for r in trainer.intervals] == list(range(5, 31, 5))
+    assert [r["first"] for r in trainer.intervals] == [True] + [False] * 5
+    report = trainer.intervals[0]  # log_steps=5: step 5 reports
     assert report["learning_rate"] == pytest.approx(0.05)
     assert report["examples_per_second"] > 0
     parts = sum(report[p] for p in ("input_wait", "compute", "sync", "update"))
@@ -221,7 +226,7 @@ def test_float16_skips_non_finite_steps_and_lowers_the_scale():
         precision.set_precision("float32")
     skipped = int(trainer.step.numpy()) - int(trainer.optimizer.iterations.numpy())
     assert skipped > 0
-    report = recorder.batch_logs[-1]
+    report = trainer.intervals[-1]
     assert report["skipped_steps"] == skipped
     assert report["loss_scale"] == float(trainer.loss_scale.scale.numpy())
     assert float(trainer.loss_scale.scale.numpy()) < 2.0 ** 40

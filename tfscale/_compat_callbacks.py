@@ -41,6 +41,13 @@ def tensorboard_writers(callback) -> list:
 
 
 @shim
+def tensorboard_train_writer(callback):
+    """The summary writer of a `keras.callbacks.TensorBoard`'s train logs
+    (Keras 3.15's private `_train_writer`, made on first use)."""
+    return callback._train_writer
+
+
+@shim
 def clear_restored_epoch(model) -> None:
     """Forgets the epoch a `BackupAndRestore` callback restored before."""
     model._initial_epoch = None

@@ -45,6 +45,7 @@ class DLLogger(keras.callbacks.Callback):
         self._file = None
         self._start = None
         self._rates, self._loss = [], None
+        self._metrics = {}
 
     def on_train_begin(self, logs=None):
         directory = os.path.dirname(os.path.abspath(self._path))
@@ -55,19 +56,20 @@ class DLLogger(keras.callbacks.Callback):
             self._write(type="METADATA", metric=metric, metadata=metadata)
 
     def on_train_batch_end(self, batch, logs=None):
-        if not logs or "interval_loss" not in logs:
-            return
-        data = {"throughput_train": float(logs["examples_per_second"]),
-                "avg_loss_step": float(logs["interval_loss"]),
-                "learning_rate": float(logs["learning_rate"])}
+        self._metrics = dict(logs or {})  # BERT's losses, for the interval
+
+    def on_interval_end(self, step, numbers):
+        data = {"throughput_train": float(numbers["examples_per_second"]),
+                "avg_loss_step": float(numbers["interval_loss"]),
+                "learning_rate": float(numbers["learning_rate"])}
         for metric in ("mlm_loss", "nsp_loss"):  # BERT's metrics' names
-            if metric in logs:
-                data[metric] = float(logs[metric])
-        if "loss_scale" in logs:
-            data["loss_scaler"] = int(logs["loss_scale"])
+            if metric in self._metrics:
+                data[metric] = float(self._metrics[metric])
+        if "loss_scale" in numbers:
+            data["loss_scaler"] = int(numbers["loss_scale"])
         self._rates.append(data["throughput_train"])
         self._loss = data["avg_loss_step"]
-        self._write(type="LOG", step=int(self._step()), data=data)
+        self._write(type="LOG", step=int(step), data=data)
 
     def on_train_end(self, logs=None):
         if self._file is None:

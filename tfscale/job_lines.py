@@ -72,8 +72,10 @@ def after(title: str, results: dict, unit: str = "examples") -> str:
     last = rows[-1]["interval_loss"] if rows else float("nan")
     lines = [f"{title} done",
              f"  steps {results['steps']}, "
-             f"{results['examples_per_second']:.1f} {unit}/s (mean of log "
-             f"intervals), {results['wall_seconds']:.1f} s",
+             f"{results['examples_per_second']:.1f} {unit}/s (the first "
+             f"interval, with compilation, apart: "
+             f"{results.get('first_interval_examples_per_second', 0):.1f}), "
+             f"{results['wall_seconds']:.1f} s",
              f"  loss {first:.4f} (first interval) -> {last:.4f} (last)",
              f"  checkpoint {results['checkpoint']}"]
     sentence = noise_advice.closing_sentence(results.get("noise_scale"),

@@ -1,15 +1,27 @@
-"""What one log interval of training reports, and its log line.
+"""What one log interval of training reports, where it goes, and its line.
 
 The Trainer adds each call of the compiled step (`IntervalReport.add`) and,
 every `log_steps` and at an epoch's end, closes the interval
 (`IntervalReport.close`): throughput and the time split (from the
-`StepTimer`), the mean loss, fp16's loss scale and skipped steps, the
-gradient noise scale and AdaScale's gain. The numbers go to the batch
-callbacks' logs; the line to the chief's log at verbose 2.
+`StepTimer`), the mean loss, the learning rate, fp16's loss scale and
+skipped steps, the gradient noise scale and AdaScale's gain.
+
+The numbers are not put in the callbacks' logs: those hold what Keras's
+`fit` puts there (the loss and the metrics), so a `CSVLogger` or a
+`History` reads as it would after `model.fit`. They go to the Trainer's
+`intervals` (summary.json's), to every Keras `TensorBoard` callback of the
+fit as scalars (`batch_<name>` at the interval's last step, unless it
+writes per epoch only), and to callbacks that ask for them with an
+`on_interval_end(step, numbers)` method (the jobs' `IntervalLog`, the
+DLLogger). The line goes to the chief's console at verbose 2.
 """
 
 from typing import Tuple
 
+import keras
+import tensorflow as tf
+
+from tfscale import _compat_callbacks
 from tfscale.timing import StepTimer
 
 
@@ -18,22 +30,33 @@ class IntervalReport:
 
     Args:
         timer: The Trainer's `StepTimer` (the step records into it).
+        optimizer: Its learning rate is reported.
         loss_scale: fp16's `DynamicLossScale`, or None.
         noise_scale: The `NoiseScale`, or None when not measured.
         adascale: The AdaScale schedule, or None.
     """
 
-    def __init__(self, timer: StepTimer, *, loss_scale=None,
+    def __init__(self, timer: StepTimer, *, optimizer=None, loss_scale=None,
                  noise_scale=None, adascale=None):
         self.timer = timer
+        self._optimizer = optimizer
         self._loss_scale = loss_scale
         self._noise_scale = noise_scale
         self._adascale = adascale
         self.reset()
 
+        self.rows = []  # every closed interval's numbers (`intervals`)
+        self._fits_first = True
+
     def reset(self) -> None:
         self.timer.reset()
         self._loss, self._steps, self._skipped = 0.0, 0, 0
+
+    def start_fit(self) -> None:
+        """A `fit` begins: its first interval holds tracing and
+        compilation (marked `first`)."""
+        self.reset()
+        self._fits_first = True
 
     def add(self, result) -> None:
         """A call's steps (a `step.StepsResult`)."""
@@ -41,10 +64,24 @@ class IntervalReport:
         self._steps += result.steps
         self._skipped += result.skipped
 
-    def close(self, step: int) -> Tuple[dict, str]:
+    def close(self, step: int, callbacks=()) -> str:
+        """Ends the interval at `step`: its numbers kept (`rows`) and handed
+        to `callbacks` (see the module docstring); returns its line."""
+        summary, line = self._numbers(step)
+        summary.update(step=step, first=self._fits_first)
+        if self._optimizer is not None:
+            summary["learning_rate"] = float(keras.ops.convert_to_numpy(
+                self._optimizer.learning_rate))
+        self._fits_first = False
+        self.rows.append(summary)
+        report(callbacks, step, summary)
+        return line
+
+    def _numbers(self, step: int) -> Tuple[dict, str]:
         """(the interval's numbers, its log line), and a new interval."""
         summary = self.timer.summary()
         summary["interval_loss"] = self._loss / max(self._steps, 1)
+        summary["steps"] = self._steps
         extra = self._loss_scale_part(summary) + self._noise_part(summary)
         self.reset()
         line = (f"step {step}: loss {summary['interval_loss']:.4f}, "
@@ -78,3 +115,20 @@ class IntervalReport:
                 text += " (held at 1 while the noise scale warms up)"
         return text
 
+
+
+def report(callbacks, step: int, numbers: dict) -> None:
+    """An interval's numbers to the callbacks that take them: Keras's
+    `TensorBoard` (scalars in its train writer) and any with an
+    `on_interval_end(step, numbers)` method."""
+    scalars = {k: float(v) for k, v in numbers.items()
+               if k not in ("step", "first")}
+    for callback in callbacks:
+        if hasattr(callback, "on_interval_end"):
+            callback.on_interval_end(step, dict(numbers))
+        if (isinstance(callback, keras.callbacks.TensorBoard)
+                and callback.update_freq != "epoch"):
+            writer = _compat_callbacks.tensorboard_train_writer(callback)
+            with writer.as_default(step=step):
+                for name, value in scalars.items():
+                    tf.summary.scalar(f"batch_{name}", value)

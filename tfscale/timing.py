@@ -68,18 +68,28 @@ class StepTimer:
 
 
 class IntervalLog(keras.callbacks.Callback):
-    """Keeps the per-interval logs (loss, examples/s, time split) the
-    Trainer reports every `log_steps`, as rows of floats."""
+    """Keeps the Trainer's log intervals of a fit (loss, examples/s, the
+    time split: `reporting.py`) as rows of numbers, for summary.json."""
 
     def __init__(self):
         super().__init__()
         self.rows = []
 
-    def on_train_batch_end(self, batch, logs=None):
-        if logs and "interval_loss" in logs:
-            self.rows.append({k: float(v) for k, v in logs.items()})
+    def on_interval_end(self, step, numbers):
+        self.rows.append({k: (v if k == "first" else float(v))
+                          for k, v in numbers.items()})
 
-    def mean_examples_per_second(self) -> float:
-        """Mean over the intervals (0 if none)."""
-        rates = [r["examples_per_second"] for r in self.rows]
-        return sum(rates) / len(rates) if rates else 0.0
+    def examples_per_second(self) -> dict:
+        """{"examples_per_second": over the steady intervals, the first of
+        each fit (tracing, compilation) left out when others follow;
+        "first_interval_examples_per_second": that first one's}, or {}
+        without intervals. Examples over seconds, not a mean of rates."""
+        if not self.rows:
+            return {}
+        steady = [r for r in self.rows if not r["first"]] or self.rows
+        seconds = sum(r["steps"] * r["step_time"] for r in steady)
+        examples = sum(r["steps"] * r["examples_per_second"] * r["step_time"]
+                       for r in steady)
+        return {"examples_per_second": examples / seconds if seconds else 0.0,
+                "first_interval_examples_per_second":
+                    self.rows[0]["examples_per_second"]}

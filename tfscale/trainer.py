@@ -110,7 +110,7 @@ class Trainer:
         self._noise_notice = parts.noise_notice  # said by the first fit
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
         self._interval = IntervalReport(
-            self.timer, loss_scale=self.loss_scale,
+            self.timer, optimizer=self.optimizer, loss_scale=self.loss_scale,
             noise_scale=self.noise_scale, adascale=self._adascale)
         self._adascale_end_logged = False
         self._verbose = config.verbose
@@ -127,6 +127,11 @@ class Trainer:
                                      self.optimizer, self._sharded)
 
     # ---- public API --------------------------------------------------------
+
+    @property
+    def intervals(self) -> list:
+        """Every log interval's numbers so far (`reporting.py`)."""
+        return self._interval.rows
 
     @property
     def step(self) -> tf.Variable:
@@ -255,7 +260,7 @@ class Trainer:
              steps_per_epoch, epochs, validation_fn, validation_steps,
              initial_epoch):
         self.model.stop_training = False
-        self._interval.reset()
+        self._interval.start_fit()
         start = self._resume.start(dataset_fn, callback_list,
                                    steps_per_epoch=steps_per_epoch,
                                    initial_epoch=initial_epoch)
@@ -318,8 +323,7 @@ class Trainer:
             # (A resume inside an epoch keeps the restored running values.)
             for metric in self.metrics:
                 metric.reset_state()
-        loss_total, seen = 0.0, 0
-        logs = {}
+        loss_total, seen, logs = 0.0, 0, {}
         batch = step % steps_per_epoch
         while batch < steps_per_epoch:
             # TensorBoard counts batch callbacks; its steps are the
@@ -333,14 +337,14 @@ class Trainer:
             batch += result.steps
             loss_total += sum(result.losses)
             seen += result.steps
-            # As in Keras's fit: "loss" is the running mean over the epoch.
+            # As in Keras's fit ("loss": the epoch's running mean); the
+            # interval's numbers go elsewhere (`reporting.py`).
             logs = {"loss": loss_total / seen, **result.metrics}
             # An interval ends every log_steps and at the epoch's end, so a
             # run shorter than log_steps still reports the steps it ran.
             if (step % self.config.log_steps == 0
                     or batch == steps_per_epoch):
-                summary, line = self._interval.close(step)
-                logs.update(learning_rate=self._learning_rate(), **summary)
+                line = self._interval.close(step, callback_list.callbacks)
                 if self._verbose == 2:
                     self._log(line)
             # Batch callbacks run once per call, with the last step's index
@@ -353,7 +357,6 @@ class Trainer:
                 # gains come from the all-reduced estimates.)
                 self.model.stop_training = True
                 break
-        logs["learning_rate"] = self._learning_rate()
         return dict(logs)
 
     def _count(self, result) -> None:
@@ -426,9 +429,6 @@ class Trainer:
         return stop
 
     # ---- helpers -------------------------------------------------------------
-
-    def _learning_rate(self) -> float:
-        return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
 
     def barrier(self) -> None:
         """Returns when every worker has called it."""
