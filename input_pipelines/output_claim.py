@@ -18,6 +18,12 @@ died when its lease ends (90 s by default). The file names the holder
 one line naming it. A holder that ended without releasing (killed) left its
 name behind: the next writer takes the claim over and says whose it was.
 A file system without locks (some FUSE mounts) gets a warning, no claim.
+
+Folders of several users: a folder this user cannot write is one line
+naming it. In a shared folder (writable by its group or by all), the claim
+file is made writable by all as well, and another user's claim file from
+before is locked read-only (a lock needs no write permission): one user's
+past run never locks the others out.
 """
 
 import contextlib
@@ -40,16 +46,19 @@ def lock_path(folder: str, name: str) -> str:
 
 
 class Held:
-    """A claim this process holds."""
+    """A claim this process holds (`writable`: its file names the holder;
+    False: another user's file, locked read-only)."""
 
-    def __init__(self, fd: int, holder: dict):
+    def __init__(self, fd: int, holder: dict, writable: bool = True):
         self._fd = fd
         self.holder = holder
+        self.writable = writable
 
     def note_plan(self, digest: str) -> None:
         """Adds the plan's digest to what the claim says."""
         self.holder["plan"] = digest[:16]
-        _write(self._fd, self.holder)
+        if self.writable:
+            _write(self._fd, self.holder)
 
 
 def _write(fd: int, holder: dict) -> None:
@@ -80,6 +89,37 @@ def describe(holder: dict) -> str:
             f"{holder.get('host')} since {started}{plan}")
 
 
+def shared(folder: str) -> bool:
+    """Whether users other than its owner may write in `folder`."""
+    return bool(os.stat(folder).st_mode & 0o022)
+
+
+def _open_claim(folder: str, path: str):
+    """(the claim file's descriptor, whether it is writable).
+
+    Raises:
+        ClaimError: The folder cannot be made or written by this user.
+    """
+    cloexec = getattr(os, "O_CLOEXEC", 0)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | cloexec, 0o644)
+    except PermissionError as e:
+        if os.path.isdir(folder) and os.access(folder, os.W_OK) and (
+                os.path.exists(path)):
+            # Another user's claim file in a shared folder.
+            return os.open(path, os.O_RDONLY | cloexec), False
+        raise ClaimError(
+            f"{folder}: this user cannot write there ({e.strerror}): write "
+            "the output to a folder you can write") from None
+    except OSError as e:
+        raise ClaimError(f"{folder}: cannot make or use this folder "
+                         f"({e.strerror})") from None
+    if shared(folder) and os.fstat(fd).st_uid == os.geteuid():
+        os.fchmod(fd, 0o666)  # the next user of the folder may claim it
+    return fd, True
+
+
 @contextlib.contextmanager
 def claim(folder: str, name: str, tool: str,
           say: Callable[[str], None] = lambda line: print(
@@ -95,10 +135,8 @@ def claim(folder: str, name: str, tool: str,
     Raises:
         ClaimError: Another live process holds it (naming it).
     """
-    os.makedirs(folder, exist_ok=True)
     path = lock_path(folder, name)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
-                 0o644)
+    fd, writable = _open_claim(folder, path)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -122,11 +160,13 @@ def claim(folder: str, name: str, tool: str,
                 f"* from {describe(before)}: that writer is gone (killed "
                 "before it released it)")
         held = Held(fd, {"host": socket.gethostname(), "pid": os.getpid(),
-                         "started": time.time(), "tool": tool})
-        _write(fd, held.holder)
+                         "started": time.time(), "tool": tool}, writable)
+        if writable:
+            _write(fd, held.holder)
         try:
             yield held
         finally:
-            os.ftruncate(fd, 0)  # released: nothing to take over
+            if writable:
+                os.ftruncate(fd, 0)  # released: nothing to take over
     finally:
         os.close(fd)  # drops the lock

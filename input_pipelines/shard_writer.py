@@ -49,7 +49,10 @@ def write_shard(name: str, records: Iterable[bytes],
         raise
     tf.io.gfile.rename(partial, name, overwrite=True)
     if "://" not in name:
-        record_index.write(name)  # the global order's offsets
+        try:
+            record_index.write(name)  # the global order's offsets
+        except PermissionError:
+            pass  # another user's index folder: readers index it themselves
     progress(pending)
     return count
 

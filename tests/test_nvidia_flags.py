@@ -236,8 +236,10 @@ def test_nvidia_phase1_then_phase2_on_two_mpi_ranks(corpus, tmp_path):  # noqa: 
     # --save_checkpoint_steps=3: a checkpoint at steps 3 and 6.
     assert sorted(f for f in os.listdir(phase1 / "checkpoints")
                   if f.endswith(".index")) == ["ckpt-3.index", "ckpt-6.index"]
-    # DLLogger in the working directory (NVIDIA's default name), chief only.
-    records = dllogger.read(str(tmp_path / "bert_dllogger.json"))
+    # DLLogger in the run's folder (NVIDIA's default name), chief only.
+    assert f"DLLogger's log: {phase1}/bert_dllogger.json" in output
+    assert not (tmp_path / "bert_dllogger.json").exists()
+    records = dllogger.read(str(phase1 / "bert_dllogger.json"))
     kinds = [r["type"] for r in records]
     assert kinds == ["METADATA"] * 5 + ["LOG"] * 3
     logs = [r for r in records if r["type"] == "LOG"]
@@ -275,6 +277,35 @@ def test_nvidia_phase1_then_phase2_on_two_mpi_ranks(corpus, tmp_path):  # noqa: 
             if r["type"] == "LOG"] == [3, 6, []]
 
 
+def test_a_resumed_dllogger_file_holds_each_step_once(tmp_path):
+    """A run logs steps 3, 6, 9 and is killed after its checkpoint at 6;
+    the resumed run starts at 6. The file keeps the METADATA once and steps
+    3 and 6, then the resumed run's 9 and 12 and one summary line, with
+    elapsedtime going on (a resume appended [3, 6, 9, 9, 12] with the
+    METADATA again and elapsedtime from 0)."""
+    path = str(tmp_path / "bert_dllogger.json")
+    numbers = {"examples_per_second": 100.0, "interval_loss": 2.0,
+               "learning_rate": 1e-3}
+    step = [0]
+    first = dllogger.DLLogger(path, lambda: step[0])
+    first.on_train_begin()
+    for at in (3, 6, 9):
+        first.on_interval_end(at, numbers)
+    first._file.close()  # killed: no summary line
+    step[0] = 6
+    resumed = dllogger.DLLogger(path, lambda: step[0])
+    resumed.on_train_begin()
+    for at in (9, 12):
+        resumed.on_interval_end(at, numbers)
+    resumed.on_train_end()
+    records = dllogger.read(path)
+    assert [r["type"] for r in records] == ["METADATA"] * 5 + ["LOG"] * 5
+    assert [r["step"] for r in records if r["type"] == "LOG"] == [
+        3, 6, 9, 12, []]
+    elapsed = [float(r["elapsedtime"]) for r in records]
+    assert elapsed == sorted(elapsed)
+
+
 def test_loss_scale_settings_reach_the_trainers_scale():
     """--init_loss_scale: dynamic from that scale; --loss_scale=N: fixed
     (neither grows nor falls)."""
@@ -308,3 +339,31 @@ def test_mixed_command_line_is_one_error_line_from_the_entry_point(tmp_path):
     assert last.startswith("run_pretraining: error: --input_file (Google's"), last
     assert "--use_horovod (NVIDIA's" in last and "32 as 32 or 64" in last
     assert not (tmp_path / "out").exists()
+
+
+def test_errors_name_the_flags_the_command_line_used(corpus, tmp_path):  # noqa: F811
+    """An error found while the job runs (an input position that does not
+    fit, a checkpoint) is raised for the setting `input_file`; on NVIDIA's
+    command line it is named as typed, `--input_files` (it named
+    `--input_file`, which that command line did not use)."""
+    from tfscale.jobs import JobError
+    error = JobError("input_file", "input position 12 is not a multiple")
+    assert error.line() == "--input_file: input position 12 is not a multiple"
+    code = ("import sys\n"
+            "from absl import flags\n"
+            "from models.tasks import run_pretraining\n"
+            "flags.FLAGS(sys.argv)\n"
+            "print(sorted(run_pretraining.config_from_flags()"
+            ".flag_names.items()))\n")
+    status, output = run_command(
+        [sys.executable, "-c", code, f"--input_files={corpus}/records/*",
+         f"--model_dir={tmp_path}/out",
+         f"--bert_config_file={corpus}/bert_config.json",
+         "--train_batch_size=4", "--max_seq_length=32",
+         "--max_predictions_per_seq=5", "--steps_per_loop=3"], timeout=120)
+    assert status == 0, output[-3000:]
+    names = dict(eval(output.strip().splitlines()[-1]))
+    assert names == {"input_file": "input_files", "output_dir": "model_dir",
+                     "iterations_per_loop": "steps_per_loop"}
+    assert error.line(names) == ("--input_files: input position 12 is not "
+                                 "a multiple")

@@ -2,6 +2,7 @@
 the writers' real entry points, with real processes holding it and dying."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,3 +89,76 @@ def test_a_plan_change_names_the_shards_it_removes(tmp_path):
                     "other settings (plan 1111111111111111; this run's plan "
                     "2222222222222222): s-0, s-1, s-2"]
     assert not any(os.path.exists(n) for n in names)
+
+
+# Another user's side of a folder: the other user's files are owned by
+# `nobody`; this user is root without the powers that pass permission
+# checks (`setpriv`), so the kernel checks it as it checks any user.
+OTHER_USER = 65534
+SETPRIV = shutil.which("setpriv")
+as_another_user = pytest.mark.skipif(
+    os.geteuid() != 0 or SETPRIV is None,
+    reason="needs root and util-linux's setpriv to check as another user")
+
+CLAIM_AND_INDEX = (
+    "import os, sys\n"
+    "from input_pipelines import output_claim\n"
+    "from input_pipelines.record_order import index\n"
+    "try:\n"
+    "    with output_claim.claim(sys.argv[1], 'train', 'writer B') as held:\n"
+    "        held.note_plan('b' * 64)\n"
+    "        if len(sys.argv) > 2:\n"
+    "            index.write(sys.argv[2])\n"
+    "except output_claim.ClaimError as e:\n"
+    "    sys.exit(f'writer B: error: {e}')\n"
+    "print('claimed', flush=True)\n")
+
+
+def run_as_another_user(*args):
+    return subprocess.run(
+        [SETPRIV, "--bounding-set", "-dac_override,-dac_read_search,-fowner",
+         "--", sys.executable, "-c", CLAIM_AND_INDEX, *args], cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+def give_away(*paths):
+    for path in paths:
+        os.chown(path, OTHER_USER, -1)
+
+
+@as_another_user
+def test_a_folder_the_writer_cannot_write_is_one_line(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir(mode=0o755)
+    give_away(folder)
+    proc = run_as_another_user(str(folder))
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        f"writer B: error: {folder}: this user cannot write there "
+        "(Permission denied): write the output to a folder you can write"]
+
+
+@as_another_user
+def test_a_shared_folder_is_not_locked_by_another_users_past_run(tmp_path):
+    """One user writes an output into a folder all may write; afterwards
+    another claims the same output and indexes a file there. (The first
+    user's claim file locked every other user out for good, then its
+    index folder did.)"""
+    import tensorflow as tf
+    from input_pipelines.record_order import index
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    names = [str(folder / f"train-0000{i}-of-00002") for i in range(2)]
+    for name in names:
+        with tf.io.TFRecordWriter(name) as writer:
+            writer.write(b"record")
+    with output_claim.claim(str(folder), "train", "writer A"):
+        index.write(names[0])
+    give_away(*names, output_claim.lock_path(str(folder), "train"),
+              os.path.dirname(index.index_path(names[0])))
+    proc = run_as_another_user(str(folder), names[1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "claimed"
+    assert os.path.exists(index.index_path(names[1]))

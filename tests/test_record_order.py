@@ -593,3 +593,39 @@ def test_a_file_modified_after_its_index_is_refused(tmp_path):
     with pytest.raises(record_index.RecordIndexError,
                        match=rf"{files[1]}: is not the file that was indexed"):
         reader.read(np.array([7]))
+
+
+def test_a_chmod_or_a_hard_link_during_the_run_is_not_a_rewrite(tmp_path):
+    """Metadata that moves only the ctime (chmod, a `cp -al` snapshot's
+    hard link) with the content as indexed: the run reads on. (Three of
+    three such runs stopped: "replaced or rewritten during the run".)"""
+    files = write_ids(tmp_path, [5, 5])
+    offsets = record_index.load(files)
+    record_index.fingerprints(files, offsets)  # what the run's order saves
+    reader = RecordReader(files, offsets, max_open_files=1)
+    assert decode_ids(*reader.read(np.array([0]))) == [0]
+    os.chmod(files[0], 0o600)
+    (tmp_path / "snapshot").mkdir()
+    os.link(files[1], tmp_path / "snapshot" / "ids-1")
+    for _ in range(2):  # each read reopens the other file
+        assert decode_ids(*reader.read(np.array([5, 1]))) == [5, 1]
+
+
+def test_a_rewrite_that_sets_the_mtime_back_is_still_refused(tmp_path):
+    """Same inode, same size, the mtime set back (`touch -r`): only the
+    ctime says so, and the content differs."""
+    files = write_ids(tmp_path, [5, 5])
+    offsets = record_index.load(files)
+    record_index.fingerprints(files, offsets)
+    reader = RecordReader(files, offsets, max_open_files=1)
+    assert decode_ids(*reader.read(np.array([5]))) == [5]
+    before = os.stat(files[0])
+    (tmp_path / "other").mkdir()
+    other = write_ids(tmp_path / "other", [5], start=50)[0]
+    with open(other, "rb") as src, open(files[0], "r+b") as dst:
+        dst.write(src.read())  # in place: same inode, same size
+    os.utime(files[0], ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(record_index.RecordIndexError,
+                       match=rf"{files[0]}: is not the file that was "
+                             "indexed"):
+        reader.read(np.array([1]))

@@ -465,3 +465,24 @@ def test_a_plain_python_script_shows_progress_on_stdout(verbose):
     # (absl's INFO lines from Python; TensorFlow's C++ start-up lines
     # before absl's log is set up are not Python's to hide.)
     assert not re.search(r"^I\d{4} .*\.py:\d+\]", proc.stderr, re.MULTILINE)
+
+
+def test_a_resume_with_another_global_batch_says_both(tmp_path, capsys):
+    """The checkpoint keeps the run's global batch (NVIDIA's per-rank
+    batch follows the rank count, so a restart on 3 ranks instead of 2
+    goes on at another one): the resume line says the checkpoint's and
+    this run's."""
+    x, y = data()
+    for batch, steps in ((16, 4), (32, 6)):
+        trainer = make_trainer(mirrored(["/cpu:0"]), TrainConfig(
+            global_batch_size=batch, verbose=2, log_steps=100,
+            checkpoint_dir=str(tmp_path)))
+        trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=steps)
+    resumed = [line for line in capsys.readouterr().out.splitlines()
+               if "resumed from" in line]
+    assert len(resumed) == 1
+    # (The input's saved tf.data state would bring back batches of 16.)
+    assert resumed[0].endswith(
+        "; input starts over (its saved state yields the checkpoint's "
+        "batches, of another size); the checkpoint's run: global batch 16; "
+        "this run: global batch 32")

@@ -27,6 +27,7 @@ from absl import logging
 import keras
 
 from tfscale import _compat_callbacks
+from tfscale.errors import ConfigError
 
 # Callback class -> attributes that name where it writes.
 _WRITE_TARGETS = (
@@ -94,11 +95,26 @@ def close_writers(callbacks) -> None:
 
 def fit_callbacks(callbacks, model, worker_dir: Optional[str], *,
                   verbose: int, progress_bar: bool, epochs: int,
-                  steps_per_epoch: int):
+                  steps_per_epoch: int, sharded: bool = False):
     """(the callbacks as a list, the `keras.callbacks.CallbackList` a fit
     calls) with every BackupAndRestore committing atomically and, on a
-    worker (`worker_dir`), every file write routed there."""
+    worker (`worker_dir`), every file write routed there.
+
+    Raises:
+        ConfigError: A BackupAndRestore with the optimizer state sharded
+            (`sharded`): its backup would hold the weights and the step
+            but not the moments, which the workers hold in slices.
+    """
     callbacks = list(callbacks)
+    if sharded and any(isinstance(c, keras.callbacks.BackupAndRestore)
+                       for c in callbacks):
+        raise ConfigError(
+            "shard_optimizer_state", "keras.callbacks.BackupAndRestore "
+            "cannot restore a run whose optimizer state is sharded "
+            "(shard_optimizer_state=True): its backup holds the weights and "
+            "the step, not the moments each worker holds a slice of. Resume "
+            "from the Trainer's own checkpoints (TrainConfig(checkpoint_dir="
+            "...)), which hold the whole optimizer state, or train unsharded")
     make_backups_atomic(callbacks)
     if worker_dir:
         route_writes(callbacks, worker_dir)

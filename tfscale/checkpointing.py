@@ -252,8 +252,8 @@ class CheckpointKeeper:
             check_restorable(self._checkpoint, path,
                              optional=("loss_scale", "metrics", "rng",
                                        "model_extra", "input_position",
-                                       "input_order", "noise_scale",
-                                       "adascale"))
+                                       "input_order", "run_settings",
+                                       "noise_scale", "adascale"))
             self._checkpoint.restore(path).expect_partial()
         return path
 
@@ -315,8 +315,8 @@ class CheckpointKeeper:
 
 def training_trackables(model, optimizer, step, *, loss_scale=None,
                         metrics=(), input_position=None,
-                        input_order=None, noise_scale=None,
-                        adascale=None) -> dict:
+                        input_order=None, run_settings=None,
+                        noise_scale=None, adascale=None) -> dict:
     """What a training checkpoint holds (see the module docstring)."""
     trackables = dict(model=model, optimizer=optimizer, step=step)
     # The gradient noise scale's EMAs and AdaScale's gain and progress
@@ -329,6 +329,8 @@ def training_trackables(model, optimizer, step, *, loss_scale=None,
         trackables["input_position"] = input_position
     if input_order is not None:
         trackables["input_order"] = input_order
+    if run_settings is not None:
+        trackables["run_settings"] = run_settings
     extra = unreachable_weights(model)
     if extra:
         names = ", ".join(v.path for v in extra[:3])

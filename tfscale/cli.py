@@ -88,7 +88,9 @@ def run_job(program: str, job: Callable, config) -> None:
     try:
         job(config)
     except JobError as e:
-        print(f"{program}: error: {e}", file=sys.stderr)
+        print(f"{program}: error: "
+              f"{e.line(getattr(config, 'flag_names', None))}",
+              file=sys.stderr)
         leave(1)
     except Preempted as e:
         print(f"{program}: {e}", file=sys.stderr)

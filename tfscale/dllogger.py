@@ -7,6 +7,12 @@ interval's throughput and loss, and at the end of training a LOG line with
 an empty step holding the run's throughput and final loss (NVIDIA's
 summary line). The format is that of NVIDIA's `dllogger` package
 (`JSONStreamBackend`), written here without it (it is not on PyPI).
+
+A resumed run continues the file from its checkpoint's step: the lines of
+later steps (logged by the run that was interrupted after its last
+checkpoint) and a finished run's summary line are cut away, the METADATA
+lines are not written again and `elapsedtime` goes on from the last line
+kept, so the file reads as one run's, each step once.
 """
 
 import datetime
@@ -50,10 +56,19 @@ class DLLogger(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         directory = os.path.dirname(os.path.abspath(self._path))
         os.makedirs(directory, exist_ok=True)
-        self._start = datetime.datetime.now()
-        self._file = open(self._path, "a" if self._step() > 0 else "w")
-        for metric, metadata in METADATA.items():
-            self._write(type="METADATA", metric=metric, metadata=metadata)
+        step = self._step()
+        kept, elapsed = _kept_lines(self._path, step) if step > 0 else ([], 0)
+        self._start = datetime.datetime.now() - datetime.timedelta(
+            seconds=elapsed)
+        partial = f"{self._path}.partial"
+        with open(partial, "w") as f:
+            f.writelines(kept)
+        os.replace(partial, self._path)  # whole, or the old file untouched
+        self._file = open(self._path, "a")
+        if not any('"METADATA"' in line for line in kept):
+            for metric, metadata in METADATA.items():
+                self._write(type="METADATA", metric=metric,
+                            metadata=metadata)
 
     def on_train_batch_end(self, batch, logs=None):
         self._metrics = dict(logs or {})  # BERT's losses, for the interval
@@ -93,6 +108,31 @@ class DLLogger(keras.callbacks.Callback):
                 **record}
         self._file.write(f"DLLL {json.dumps(line)}\n")
         self._file.flush()
+
+
+def _kept_lines(path: str, step: int):
+    """(the lines of `path` a run resumed at `step` keeps, the last kept
+    line's `elapsedtime` in seconds): METADATA, and LOG lines of steps up
+    to `step`; not a finished run's summary line (`step: []`)."""
+    kept, elapsed = [], 0.0
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except FileNotFoundError:
+        return kept, elapsed
+    for line in lines:
+        if not line.startswith("DLLL "):
+            continue
+        try:
+            record = json.loads(line[len("DLLL "):])
+        except ValueError:
+            continue  # a line cut by a kill: dropped
+        at = record.get("step")
+        if record.get("type") == "METADATA" or (
+                isinstance(at, int) and at <= step):
+            kept.append(line if line.endswith("\n") else line + "\n")
+            elapsed = float(record.get("elapsedtime", elapsed))
+    return kept, elapsed
 
 
 def read(path: str) -> list:

@@ -25,7 +25,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
@@ -54,7 +54,16 @@ class JobError(Exception):
 
     def __init__(self, setting: Optional[str], message: str):
         self.setting = setting
+        self.message = message
         super().__init__(f"--{setting}: {message}" if setting else message)
+
+    def line(self, flag_names=None) -> str:
+        """The error with its setting spelled as the command line spelled
+        it (`flag_names`: {setting: the alias it used})."""
+        if not self.setting:
+            return self.message
+        name = (flag_names or {}).get(self.setting, self.setting)
+        return f"--{name}: {self.message}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,6 +85,9 @@ class JobConfig:
         deterministic: Deterministic ops and input order.
         notes: Lines the entry point adds to the start banner (how it read
             its command line).
+        flag_names: {setting: the flag the command line named it by}, where
+            it used an alias (NVIDIA's `--input_files` for `--input_file`):
+            errors name the flag the user typed.
 
     Raises:
         ValueError: "<field> ..." (entry points turn the field into its
@@ -93,6 +105,7 @@ class JobConfig:
     seed: int = 12345
     deterministic: bool = False
     notes: Tuple[str, ...] = ()
+    flag_names: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def evaluates(self) -> bool:
@@ -250,6 +263,8 @@ def run(task: Task) -> dict:
         model=built.model, optimizer=optimizer, loss_fn=built.loss_fn,
         strategy=strategy, metrics=list(built.metrics),
         cluster=config.cluster, train=config.train)
+    if built.optimizer is None:  # compared on a resume (`run_position.py`)
+        trainer.position.settings["learning rate"] = config.optim.learning_rate
     speaks = info.is_chief and config.train.verbose > 0
     if speaks:
         print(job_lines.before(task, info, trainer, built, xla, xla_why),

@@ -47,6 +47,7 @@ def make_keeper(config, model, optimizer, position: RunPosition,
         model, optimizer, position.step, loss_scale=loss_scale,
         metrics=metrics, input_position=position.input_position,
         input_order=position.input_order,
+        run_settings=position.run_settings,
         noise_scale=noise_scale.variables if noise_scale else None,
         adascale=adascale.variables if adascale else None)
     several = collectives.num_workers > 1
@@ -147,6 +148,7 @@ class Resume:
             if not restored:
                 self._start_where_callbacks_say(steps_per_epoch,
                                                 initial_epoch)
+            changed = self._position.settings_change()
             line = None
             if positioned:
                 feed, line = self._positioned_feed(dataset_fn)
@@ -154,6 +156,8 @@ class Resume:
                 line = self._restore_input(dataset_fn)
             if restored and self._noise_scale is not None:
                 self._noise_scale.load()
+            if restored and changed:
+                line = f"{line}; {changed}"
         except BaseException:
             if feed is not None:
                 feed.close()
@@ -220,6 +224,11 @@ class Resume:
         if not is_resumable(dataset_fn):
             return ("continues where its tf.data service is (its position "
                     "is not in checkpoints)")
+        if self._position.batch_moved:
+            # A tf.data iterator's saved state brings back its pipeline,
+            # batches of the old size included.
+            return ("starts over (its saved state yields the checkpoint's "
+                    "batches, of another size)")
         if self._keeper.restore_input(self._position.steps):
             return "position restored"
         return (f"starts over (no input state for "

@@ -10,9 +10,14 @@ every checkpoint:
   unknown (a checkpoint from before it was kept, or a step set by
   BackupAndRestore or `initial_epoch`), settled to step x global batch;
 - input_order: what the position counts in (a positioned input's
-  `order()`: its record set and seed); "" when unknown.
+  `order()`: its record set and seed); "" when unknown;
+- run_settings: the run's global batch (and what its job adds, such as the
+  peak learning rate), so a run resumed with others says so
+  (`settings_change`): NVIDIA's per-rank batch and rate follow the rank
+  count, and a resume on another count goes on with new ones.
 """
 
+import json
 from typing import Optional
 
 import tensorflow as tf
@@ -35,6 +40,19 @@ class RunPosition:
             self.input_order = tf.Variable("", dtype=tf.string,
                                            trainable=False,
                                            name="input_order")
+            self.run_settings = tf.Variable("", dtype=tf.string,
+                                            trainable=False,
+                                            name="run_settings")
+        # What `run_settings` holds for this run ({name: value}), and what
+        # the checkpoint restored last held (`settings_change`).
+        self.settings = {"global batch": global_batch_size}
+        self.checkpoint_settings = {}
+
+    @property
+    def batch_moved(self) -> bool:
+        """The restored checkpoint's run had another global batch."""
+        before = self.checkpoint_settings.get("global batch")
+        return before is not None and before != self.global_batch_size
 
     @property
     def steps(self) -> int:
@@ -53,6 +71,26 @@ class RunPosition:
         """Before restoring a checkpoint: what it does not hold is unknown."""
         self.input_position.assign(-1)
         self.input_order.assign("")
+        self.run_settings.assign("")
+
+    def settings_change(self) -> Optional[str]:
+        """After a restore: the checkpoint's run settings against this
+        run's, in words ("the checkpoint's run: global batch 8, ...; this
+        run: global batch 12, ..."), or None when they agree or the
+        checkpoint holds none. This run's are recorded for its checkpoints
+        either way."""
+        saved = self.run_settings.numpy().decode()
+        self.run_settings.assign(json.dumps(self.settings, sort_keys=True))
+        before = self.checkpoint_settings = json.loads(saved) if saved else {}
+        if not saved or before == json.loads(
+                self.run_settings.numpy().decode()):
+            return None
+
+        def words(settings):
+            return ", ".join(f"{k} {v:g}" if isinstance(v, float)
+                             else f"{k} {v}" for k, v in settings.items())
+        return (f"the checkpoint's run: {words(before)}; this run: "
+                f"{words(self.settings)}")
 
     def move_to(self, step: int) -> None:
         """The run starts at `step` (an epoch BackupAndRestore restored, or

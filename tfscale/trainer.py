@@ -230,7 +230,7 @@ class Trainer:
         callbacks, callback_list = callback_files.fit_callbacks(
             callbacks, self.model, worker_dir, verbose=verbose,
             progress_bar=self.is_chief and verbose == 1, epochs=epochs,
-            steps_per_epoch=steps_per_epoch)
+            steps_per_epoch=steps_per_epoch, sharded=self._sharded is not None)
         self._verbose = verbose
         # SIGTERM from now on is a preemption request (see preemption.py).
         try:

@@ -100,7 +100,7 @@ def write(record_file: str, offsets: Optional[np.ndarray] = None) -> str:
     if offsets is None:
         offsets = scan(record_file)
     path = index_path(record_file)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    _make_index_dir(os.path.dirname(path))
     # A name of this attempt's own: two writers of one index (two hosts
     # may share a pid) never write into each other's file.
     partial = f"{path}.{uuid.uuid4().hex}.partial"
@@ -113,6 +113,17 @@ def write(record_file: str, offsets: Optional[np.ndarray] = None) -> str:
         _remove(partial)
         raise
     return path
+
+
+def _make_index_dir(directory: str) -> None:
+    """The index folder; in a folder other users may write in, one they may
+    write in too (their writers and readers index files there as well)."""
+    if os.path.isdir(directory):
+        return
+    os.makedirs(directory, exist_ok=True)
+    parent = os.stat(os.path.dirname(directory)).st_mode
+    if parent & 0o022:
+        os.chmod(directory, parent & 0o7777)
 
 
 def _remove(path: str) -> None:

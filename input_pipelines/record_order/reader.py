@@ -212,10 +212,11 @@ class RecordReader:
             raise OSError(e.errno, f"{name}: {e.strerror}") from None
         info = os.fstat(fd)
         problem = None
+        now = record_index.stamp(name, info)
         if info.st_size != self._sizes[f]:
             problem = (f"has {info.st_size} bytes, its index "
                        f"{self._sizes[f]}")
-        elif record_index.stamp(name, info) != self._stamps[f]:
+        elif now != self._stamps[f] and not self._same_content(f, now):
             problem = ("is not the file that was indexed (another inode, "
                        "mtime or ctime)")
         if problem:
@@ -225,6 +226,26 @@ class RecordReader:
                 "run; records cannot change under a run: write new files "
                 "and start a run on them)")
         return fd
+
+    def _same_content(self, f: int, now: str) -> bool:
+        """Only the ctime of file `f` moved since the run's start (stamp
+        `now`) and its content is the same: the fingerprint saved for the
+        run's stamp equals the file's now (then `now` is its stamp)."""
+        if now.rsplit(":", 1)[0] != self._stamps[f].rsplit(":", 1)[0]:
+            return False  # another inode, size or mtime
+        name = self.files[f]
+        try:
+            with open(record_index.fingerprint_path(name)) as saved:
+                saved_stamp, digest = saved.read().split()
+        except (OSError, ValueError):
+            return False  # no fingerprint of the run's content to compare
+        if saved_stamp != self._stamps[f]:
+            return False
+        offsets = self._offsets[self.first[f] + f:self.first[f + 1] + f + 1]
+        if record_index.fingerprint(name, offsets) != digest:
+            return False
+        self._stamps[f] = now
+        return True
 
     def _check_lengths(self, blob: bytes, lengths: np.ndarray,
                        record_ids: np.ndarray) -> None:

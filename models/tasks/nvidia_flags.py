@@ -63,9 +63,11 @@ GLOBAL_FLAGS = ("input_file", "use_tpu", "tpu_name", "tpu_zone",
                 "gcp_project", "master", "num_tpu_cores", "lr_scaling",
                 "reference_batch_size")
 
-# DLLogger's file when --dllog_path is not given on an NVIDIA command line
-# (the default of NVIDIA's TF2 script; its TF1 script's, /results/..., is
-# a path of its container).
+# DLLogger's file in --output_dir when --dllog_path is not given on an
+# NVIDIA command line (the name NVIDIA's TF2 script writes in its working
+# directory; its TF1 script's, /results/..., is a path of its container).
+# In the run's own folder, two runs started from one folder never share
+# one file.
 DLLOG_DEFAULT = "bert_dllogger.json"
 
 # NVIDIA TF2's sub-model export in --model_dir (its phase 2 reads it).
@@ -118,8 +120,8 @@ def define_nvidia_flags(flags, **kwargs) -> None:
     flags.DEFINE_string("dllog_path", None, "DLLogger's JSON-lines log "
                         "(what NVIDIA's log parsers read): per log interval "
                         "the step, loss and throughput, and a final summary "
-                        f"line; default {DLLOG_DEFAULT} on an NVIDIA command "
-                        "line, none otherwise.", **kwargs)
+                        f"line; default --output_dir/{DLLOG_DEFAULT} on an "
+                        "NVIDIA command line, none otherwise.", **kwargs)
     flags.DEFINE_integer("display_loss_steps", None, "NVIDIA TF1: the log "
                          "interval (same as --iterations_per_loop).",
                          **kwargs)

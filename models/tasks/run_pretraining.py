@@ -177,8 +177,9 @@ def _nvidia(backend: str):
                  f"--iterations_per_loop={FLAGS.iterations_per_loop} (or "
                  "--steps_per_loop) disagree on the log interval: give one")
         log_steps = FLAGS.display_loss_steps
-    dllog = FLAGS.dllog_path or (nvidia_flags.DLLOG_DEFAULT
-                                 if dialect == "nvidia" else None)
+    dllog = FLAGS.dllog_path or (
+        os.path.join(FLAGS.output_dir or ".", nvidia_flags.DLLOG_DEFAULT)
+        if dialect == "nvidia" else None)
     return precision, steps, optimizer, reading, scale, log_steps, dllog
 
 
@@ -273,7 +274,11 @@ def config_from_flags():
             profile_steps=profile,
             seed=FLAGS.seed,
             deterministic=FLAGS.deterministic,
-            notes=(reading.line,),
+            notes=(reading.line, *([f"DLLogger's log: {dllog_path}"]
+                                   if dllog_path else [])),
+            flag_names={original: alias for alias, original
+                        in nvidia_flags.NVIDIA_ALIASES
+                        if FLAGS[alias].present},
             dllog_path=dllog_path,
             pretrained_prefix=(os.path.join(FLAGS.output_dir,
                                             nvidia_flags.PRETRAINED_PREFIX)
