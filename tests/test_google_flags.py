@@ -163,7 +163,8 @@ def test_nvidia_tf1_command_line_runs(corpus, tmp_path):  # noqa: F811
          f"--dllog_path={tmp_path}/bert_dllog.json"],
         timeout=300)
     assert code == 0, output[-5000:]
-    assert "precision mixed_float16, XLA on, all-reduce MPI.Allreduce" in output
+    assert ("precision mixed_float16, XLA on (as asked), all-reduce "
+            "MPI.Allreduce") in output
     assert "workers 2 (mpi)" in output
     # NVIDIA's reading: 8 per rank x 2 ranks x 2 micro-steps, rate x 2.
     assert ("NVIDIA semantics: --train_batch_size 8 per rank x 2 ranks x 2 "

@@ -94,3 +94,38 @@ def test_every_worker_compiles_with_the_composed_flags(corpus, tmp_path):  # noq
                 assert (cublas not in text) == triton, (path, text)
                 assert (f'xla_gpu_per_fusion_autotune_cache_dir: "{cache}"'
                         in text), path
+
+
+@pytest.mark.parametrize("requested, on_gpus, expected", [
+    (None, True, (True, "auto: the worker's devices are GPUs")),
+    (None, False, (False, "auto: off on CPUs, where it is slower; --xla "
+                          "forces it")),
+    (True, False, (True, "as asked")), (False, True, (False, "as asked"))])
+def test_xla_is_on_by_default_on_gpus_only(requested, on_gpus, expected):
+    assert xla_flags.choose(requested, on_gpus) == expected
+
+
+def test_the_xla_flag_takes_auto_true_and_false():
+    """`--xla` is auto (None) unless given; `--xla`, `--noxla` and
+    `--xla=auto` as a user types them."""
+    from absl import flags
+    from models.tasks.flags import define_auto_bool
+    for argv, value in (([], None), (["--xla"], True), (["--noxla"], False),
+                        (["--xla=auto"], None), (["--xla=false"], False)):
+        values = flags.FlagValues()
+        define_auto_bool(flags, "xla", "auto", "XLA", flag_values=values)
+        values(["prog", *argv])
+        assert values.xla is value, argv
+
+
+def test_the_trainers_auto_xla_follows_the_strategys_devices():
+    """`TrainConfig(jit_compile=None)`: on where the strategy's devices are
+    GPUs (tf.distribute's GPU layout on this CPU), off on CPUs."""
+    import tensorflow as tf
+    from tfscale.train_config import TrainConfig, resolve_auto
+    auto = TrainConfig(global_batch_size=8, jit_compile=None)
+    for device, on in (("/gpu:0", True), ("/cpu:0", False)):
+        strategy = tf.distribute.MirroredStrategy([device])
+        assert resolve_auto(auto, strategy).jit_compile is on
+    forced = TrainConfig(global_batch_size=8, jit_compile=True)
+    assert resolve_auto(forced, strategy) is forced

@@ -54,7 +54,7 @@ def choose(requested: Optional[bool], on_gpus: bool) -> Tuple[bool, str]:
     """(XLA on, why: for the start banner) from `--xla` (`requested`: True,
     False, or None for auto) and whether the worker's devices are GPUs."""
     if requested is not None:
-        return requested, "--xla" if requested else "--noxla"
+        return requested, "as asked"
     if on_gpus:
         return True, "auto: the worker's devices are GPUs"
     return False, "auto: off on CPUs, where it is slower; --xla forces it"
