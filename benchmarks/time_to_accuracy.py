@@ -40,6 +40,7 @@ BERT-tiny masked-LM on the demo corpus's records, the last shard held out.
 import argparse
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import inspect
 import json
@@ -57,11 +58,11 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from input_pipelines import idx  # noqa: E402
-from tfscale import jobs, noise_advice, noise_norms, noise_scale  # noqa: E402
+from benchmarks import study_behaviour  # noqa: E402
+from tfscale import jobs, noise_advice  # noqa: E402
 from tfscale.cluster import ClusterConfig  # noqa: E402
 from tfscale.noise_scale import NoiseScaleConfig  # noqa: E402
 from tfscale.optim import OptimConfig  # noqa: E402
-from tfscale import step_row  # noqa: E402
 from tfscale.train_config import TrainConfig  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
@@ -84,13 +85,17 @@ SETTLED_WINDOWS = noise_advice.SETTLED_WINDOWS  # what the advice needs
 # own functions: the optimizers and their schedules (files), and the noise
 # scale's estimator (its functions and classes, not the module: the advice
 # in it is built from this study's results).
-CODE_FILES = ("tfscale/optim/factory.py", "tfscale/optim/lamb.py",
-              "tfscale/optim/schedules.py")
-ESTIMATOR = (noise_norms.squared_norms, noise_norms.Preconditioner,
-             noise_scale.Estimate, noise_scale.fieller,
-             noise_scale.t_quantile, noise_scale.estimate_from_means,
-             noise_scale.effective_steps, noise_scale.step_estimates,
-             noise_scale.NoiseScale, step_row.NoiseNumbers, step_row.RowLayout)
+@functools.lru_cache(maxsize=None)
+def engine_digests() -> dict:
+    """The noise-scale estimator and the optimizers, by what they compute
+    on fixed inputs (`study_behaviour.py`), not by their source: moving
+    their code keeps a study's results, changing their numbers does not."""
+    return {"estimator": study_behaviour.digest(
+                study_behaviour.estimator_outputs()),
+            "optimizers": study_behaviour.digest(
+                study_behaviour.optimizer_outputs())}
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -133,8 +138,9 @@ class Study:
         model: The model, in words (part of the definition, beside the
             source of `build_model`).
         source: The folder or pattern the data was read from.
-        code_files: Files whose content defines the model (beside
-            CODE_FILES).
+        code_files: Files whose content defines the model (the engine's
+            noise scale and optimizers count by their outputs:
+            `engine_digests`).
     """
 
     name: str
@@ -180,9 +186,9 @@ class Study:
                     "until_target": source_digest(UntilTarget),
                     "evaluation_steps": source_digest(evaluation_steps),
                     "run_one": source_digest(run_one),
-                    "estimator": [source_digest(x) for x in ESTIMATOR],
+                    **engine_digests(),
                     "files": {path: file_digest(path) for path in
-                              sorted(CODE_FILES + tuple(self.code_files))}},
+                              sorted(self.code_files)}},
                 "optimizers": {o: optimizer_settings(o)
                                for o in sorted(self.base_rates)},
                 "base_rates": self.base_rates,

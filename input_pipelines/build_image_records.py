@@ -30,10 +30,8 @@ bytes as an uninterrupted run.
 import os
 from typing import Sequence
 
-import tensorflow as tf
 from absl import app, flags
 
-from input_pipelines.image_folder import WriterConfig, build
 from input_pipelines.prepare import engine
 
 FLAGS = flags.FLAGS
@@ -64,9 +62,9 @@ def main(argv: Sequence[str]):
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     from tfscale.cli import quiet_tensorflow
     quiet_tensorflow(FLAGS.verbosity)
-    for name in ("image_dir", "output_dir"):
-        if not FLAGS[name].value:
-            raise SystemExit(f"build_image_records: error: --{name} is required")
+    import tensorflow as tf
+
+    from input_pipelines.image_folder import WriterConfig, build
     try:
         config = WriterConfig(
             image_dir=FLAGS.image_dir, output_dir=FLAGS.output_dir,
@@ -97,9 +95,8 @@ def main(argv: Sequence[str]):
 
 def run():
     """The console script."""
-    from tfscale.cli import list_flags_in_help
-    list_flags_in_help()
-    app.run(main)
+    from tfscale.cli import run_main
+    run_main("build_image_records", main, required=("image_dir", "output_dir"))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import shutil
 import sys
 import time
 
-from absl import app, flags, logging
+from absl import flags, logging
 
 from input_pipelines import bert_instances as bi
 from input_pipelines import output_claim
@@ -107,9 +107,6 @@ def config_from_flags() -> WriterConfig:
     """FLAGS -> a `WriterConfig`; exits with one line naming the flag."""
     from input_pipelines.bert_records import BertRecordSpec
     from input_pipelines.record_files import expand_files
-    for name in ("input_file", "output_file", "vocab_file"):
-        if not getattr(FLAGS, name):
-            fail(f"--{name} is required")
     if FLAGS.piece_mb < 1:
         fail("--piece_mb must be >= 1")
     if FLAGS.num_output_shards < 1 or FLAGS.dupe_factor < 1:
@@ -300,9 +297,9 @@ def main(argv):
 
 def run():
     """The console script."""
-    from tfscale.cli import list_flags_in_help
-    list_flags_in_help()
-    app.run(main)
+    from tfscale.cli import run_main
+    run_main("create_pretraining_data", main,
+             required=("input_file", "output_file", "vocab_file"))
 
 
 if __name__ == "__main__":

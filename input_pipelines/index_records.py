@@ -67,9 +67,8 @@ def main(argv):
 
 def run():
     """The console script."""
-    from tfscale.cli import list_flags_in_help
-    list_flags_in_help()
-    app.run(main)
+    from tfscale.cli import run_main
+    run_main("index_records", main)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ Configs: `small` (2,048 train / 512 test, for tests), `medium` (65,536 /
 """
 
 import numpy as np
-import tensorflow_datasets as tfds
+
+from input_pipelines.extras import require
+
+tfds = require("tensorflow_datasets", "tfds")
 
 POINTS = 200
 MAX_STRAIN = 0.05

@@ -10,10 +10,12 @@ import dataclasses
 from typing import Callable, Optional
 
 import tensorflow as tf
-import tensorflow_datasets as tfds
 
 from input_pipelines import materials  # noqa: F401  (registers stress_strain)
+from input_pipelines.extras import require
 from input_pipelines.tfrecord import dataset_options
+
+tfds = require("tensorflow_datasets", "tfds")
 
 
 @dataclasses.dataclass(frozen=True)

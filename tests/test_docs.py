@@ -32,7 +32,7 @@ def project_flags() -> set:
     project's packages."""
     flags = set()
     for folder in ("tfscale", "input_pipelines", "models", "launch",
-                   "benchmarks"):
+                   "planning", "benchmarks"):
         for path in (REPO / folder).rglob("*.py"):
             text = path.read_text()
             flags |= set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", text))

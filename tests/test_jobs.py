@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from planning import workload
 from tfscale import jobs
 from tfscale.cluster import ClusterConfig
 from tfscale.optim import OptimConfig
@@ -94,6 +95,12 @@ def test_a_task_of_ones_own_trains_resumes_and_evaluates(tmp_path, capsys):
     assert 0 <= results["eval"]["accuracy"] <= 1
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["eval"] == results["eval"]
+    # What tfscale-plan reads of it (docs/planning.md).
+    facts = workload.from_summary(str(tmp_path / "out" / "summary.json"))
+    assert (facts.workload.micro_batch, facts.workload.accumulation) == (8, 2)
+    assert facts.workload.parameters == summary["parameters"] > 0
+    assert facts.workload.micro_seconds > 0 and facts.steps == 4
+    assert facts.noise_scale == summary["noise_scale"]["b_simple"]
     printed = capsys.readouterr().out
     assert printed.startswith("toy_job\n  workers 1 (single), replicas 1, "
                               "global batch 16 = 8 per replica x 1 x 2 "
@@ -186,7 +193,7 @@ def test_a_study_is_keyed_by_everything_that_defines_it(tmp_path,
     def evaluate_edited(model):
         return 1.0
 
-    for path in tta.CODE_FILES + ("models/mlp.py",):
+    for path in ("models/mlp.py",):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("# code\n")
     monkeypatch.setattr(tta, "ROOT", str(tmp_path))
@@ -221,9 +228,25 @@ def test_a_study_is_keyed_by_everything_that_defines_it(tmp_path,
         with monkeypatch.context() as patch:
             patch.setattr(tta, attribute, value)
             digests[name] = base.digest()
-    for path in ("tfscale/optim/lamb.py", "models/mlp.py"):
+    for path in ("models/mlp.py",):
         (tmp_path / path).write_text("# code, edited\n")
         digests[f"file {path}"] = base.digest()
+    # The engine's numbers: the noise scale's per-step estimates, the
+    # optimizers' rates.
+    from tfscale import noise_scale
+    from tfscale.optim import factory
+    steps = noise_scale.step_estimates
+    rates = factory.scale_learning_rate
+    for name, module, attribute, value in (
+            ("estimator numbers", noise_scale, "step_estimates",
+             lambda *a: tuple(1.001 * v for v in steps(*a))),
+            ("optimizer numbers", factory, "scale_learning_rate",
+             lambda *a: 1.001 * rates(*a))):
+        with monkeypatch.context() as patch:
+            patch.setattr(module, attribute, value)
+            tta.engine_digests.cache_clear()
+            digests[name] = base.digest()
+    tta.engine_digests.cache_clear()
     assert len(set(digests.values())) == len(digests), digests
     moved = dataclasses.replace(base, source="/data/elsewhere")
     assert moved.digest() == digests["file models/mlp.py"]
@@ -247,3 +270,25 @@ def test_idx_files_read_and_a_bad_one_is_named(tmp_path):
         images, labels = idx.load_fashion_mnist(FASHION, "test")
         assert images.shape == (10_000, 28, 28) and images.dtype == np.uint8
         assert sorted(set(labels.tolist())) == list(range(10))
+
+
+def test_a_refactor_of_the_engine_keeps_a_studys_digest(monkeypatch):
+    """The estimator and optimizers count by their outputs: the same
+    numbers from other code (a function rewritten, moved, renamed) keep a
+    study's digest, and its results with it."""
+    from benchmarks import time_to_accuracy as tta
+    from tfscale import noise_scale
+    tta.engine_digests.cache_clear()
+    before = tta.engine_digests()
+    original = noise_scale.step_estimates
+
+    def rewritten(small_sum, count, big, global_batch_size):
+        estimates = original(small_sum, count, big, global_batch_size)
+        return estimates[0], estimates[1]
+
+    monkeypatch.setattr(noise_scale, "step_estimates", rewritten)
+    monkeypatch.setattr(noise_scale, "fieller",
+                        lambda *args, _f=noise_scale.fieller: _f(*args))
+    tta.engine_digests.cache_clear()
+    assert tta.engine_digests() == before
+    tta.engine_digests.cache_clear()

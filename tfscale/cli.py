@@ -103,15 +103,19 @@ def run_job(program: str, job: Callable, config) -> None:
     leave(0)
 
 
-def entry_point(program: str, make_config: Callable, job: str) -> Callable:
-    """A job's console script: `run()` parses the flags (absl), refuses
-    stray arguments, quiets TensorFlow (before anything imports it), builds
-    the config (`make_config()` exits with one line on a bad value),
+def entry_point(program: str, make_config: Callable, job: str,
+                required=()) -> Callable:
+    """A job's console script: `run()` parses the flags (absl), answers a
+    missing `required` flag and stray arguments in one line before
+    TensorFlow loads, quiets TensorFlow (before anything imports it),
+    builds the config (`make_config()` exits with one line on a bad value),
     imports `job` ("module:function", which loads TensorFlow) and runs it
     as `run_job` does.
 
         run = cli.entry_point("run_pretraining", config_from_flags,
-                               "models.tasks.pretraining:train_and_evaluate")
+                               "models.tasks.pretraining:train_and_evaluate",
+                               required=(("input_file", "input_files_dir"),
+                                         "output_dir"))
     """
     def main(argv):
         from absl import logging as absl_logging
@@ -123,10 +127,45 @@ def entry_point(program: str, make_config: Callable, job: str) -> Callable:
         run_job(program, getattr(importlib.import_module(module), function),
                 config)
 
-    def run():
-        list_flags_in_help()
-        app.run(main)
-    return run
+    return lambda: run_main(program, main, required)
+
+
+def run_main(program: str, main: Callable, required=()) -> None:
+    """Every entry point's console script: `--help` lists the project's
+    flags, absl parses the command line, and a flag of `required` left
+    empty ends the program with `PROGRAM: error: --FLAG is required` before
+    `main(argv)` runs (and before TensorFlow loads: under a second).
+
+    Args:
+        required: Flag names; a tuple of names where any one will do; a
+            name "noNAME" is given when the boolean flag NAME is false
+            (("train_files", "nodo_train"): training needs files).
+    """
+    def checked(argv):
+        missing = missing_flag(required)
+        if missing:
+            sys.exit(f"{program}: error: {missing} is required")
+        return main(argv)
+
+    list_flags_in_help()
+    app.run(checked)
+
+
+def missing_flag(required) -> str:
+    """The first item of `required` (see `run_main`) the command line left
+    empty, as the flags to give ("--a or --b"); "" when none is."""
+    values = flags.FLAGS
+    for item in required:
+        names = (item,) if isinstance(item, str) else tuple(item)
+        if not any(_given(values, name) for name in names):
+            return " or ".join(f"--{name}" for name in names)
+    return ""
+
+
+def _given(values, name: str) -> bool:
+    if name not in values and name.startswith("no"):
+        return values[name[2:]].boolean and not values[name[2:]].value
+    return bool(values[name].value)
 
 
 _PACKAGES = ("models", "tfscale", "input_pipelines", "launch")

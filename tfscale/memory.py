@@ -56,7 +56,8 @@ def worker_summary(collectives, model, optimizer, sharded=None) -> dict:
     all_reduce = int(2 * (n - 1) / n * 4 * params)
     sent = (sharded.wire_bytes()["sharded"] if sharded is not None
             else all_reduce)
-    return {"shard_optimizer_state": sharded is not None,
+    return {"parameters": params,
+            "shard_optimizer_state": sharded is not None,
             "optimizer_state_bytes_per_worker": optimizer_state_bytes(
                 optimizer, sharded),
             "peak_resident_bytes": peaks,

@@ -53,9 +53,9 @@ class StudyRange:
 
 # (optimizer, noise scale mode) -> the range `python -m
 # benchmarks.time_to_accuracy` measured for it (docs/batch-size.md): SGD
-# with momentum on Fashion-MNIST (definition 02bb6c4fdb: settled runs at
+# with momentum on Fashion-MNIST (definition 45cee23f1d: settled runs at
 # batches 16-1,024, both seeds, 1.99-6.68) widened to scikit-learn's digits
-# (de4ad70dd4: no run settles there; those with a bounded interval,
+# (251b4816d5: no run settles there; those with a bounded interval,
 # 1.53-10.4), each with its B_crit's leave-one-batch-out range. A
 # combination not here gets no range: the studies measure AdamW and LAMB
 # with the preconditioned noise scale only, and no ratio of theirs held on

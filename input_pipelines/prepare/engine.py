@@ -32,7 +32,9 @@ import time
 import uuid
 from typing import Callable, List, Optional, Sequence
 
-import tqdm
+from input_pipelines.extras import require
+
+tqdm = require("tqdm", "prepare")
 
 
 @dataclasses.dataclass(frozen=True)

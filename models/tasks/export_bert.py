@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 
-from absl import app, flags
+from absl import flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory "
@@ -33,9 +33,6 @@ flags.DEFINE_string("vocab_file", None, "Copied to the export as vocab.txt.")
 def main(argv):
     if len(argv) > 1:
         sys.exit(f"export_bert: error: unexpected arguments {argv[1:]}")
-    for name in ("checkpoint", "bert_config_file", "output_dir"):
-        if not getattr(FLAGS, name):
-            sys.exit(f"export_bert: error: --{name} is required")
     from models import bert, bert_checkpoints, bert_config, bert_export
     from tfscale import checkpointing
     try:
@@ -60,9 +57,9 @@ def main(argv):
 
 def run():
     """The console script."""
-    from tfscale.cli import list_flags_in_help
-    list_flags_in_help()
-    app.run(main)
+    from tfscale.cli import run_main
+    run_main("export_bert", main,
+             required=("checkpoint", "bert_config_file", "output_dir"))
 
 
 if __name__ == "__main__":

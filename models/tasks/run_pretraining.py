@@ -291,7 +291,9 @@ def config_from_flags():
 
 # The console script (and the root run_pretraining.py).
 run = cli.entry_point("run_pretraining", config_from_flags,
-                       "models.tasks.pretraining:train_and_evaluate")
+                       "models.tasks.pretraining:train_and_evaluate",
+                       required=(("input_file", "input_files_dir"),
+                                 "output_dir"))
 
 if __name__ == "__main__":
     run()

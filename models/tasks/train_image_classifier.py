@@ -148,7 +148,8 @@ def config_from_flags():
 
 # The console script (and the root train_image_classifier.py).
 run = cli.entry_point("train_image_classifier", config_from_flags,
-                       "models.tasks.image_classification:train_and_evaluate")
+                       "models.tasks.image_classification:train_and_evaluate",
+                       required=(("train_files", "nodo_train"), "output_dir"))
 
 if __name__ == "__main__":
     run()

@@ -1,0 +1,233 @@
+"""A step at N GPUs, term by term, and what follows from it.
+
+    step(N) = k x micro + update + fixed + exposed sync + straggler
+
+- k x micro: the step's compute, unchanged by N (weak scaling: each GPU
+  keeps its micro-batch and accumulation);
+- update: the optimizer on every weight (ZeRO-1: 1/N of it);
+- exposed sync: the gradient all-reduce (`collectives.py`) less what the
+  last backward pass hides (`Workload.overlap`);
+- straggler: a synchronous step waits for the slowest of N workers; with a
+  per-micro-batch jitter c, a step's time varies c x micro x sqrt(k), and
+  the expected maximum of N normal draws is `expected_max(N)` deviations
+  above the mean.
+
+Weak-scaling efficiency is step(1 GPU) / step(N). Strong scaling holds the
+global batch of the first GPU count of the sweep and lowers the
+accumulation (then the micro-batch) as N grows.
+"""
+
+import dataclasses
+import functools
+import itertools
+import math
+import statistics
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from planning import collectives
+from planning.systems import System
+from planning.workload import Workload
+
+TERMS = ("compute", "update", "fixed", "sync", "straggler")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How the job runs: the collective's algorithm, ZeRO-1, the fusion
+    buffer's bytes, and a bus bandwidth that overrides the system's (a
+    measured backend)."""
+    algorithm: str = "auto"
+    zero1: bool = False
+    bus_bandwidth: Optional[float] = None
+    fusion_bytes: float = 64e6
+
+
+@functools.lru_cache(maxsize=None)
+def expected_max(n: int) -> float:
+    """E[max of n standard normal draws]: the integral of x n phi(x)
+    Phi(x)^(n-1) over x, by the midpoint rule on [-8, 8]."""
+    if n <= 1:
+        return 0.0
+    normal = statistics.NormalDist()
+    width = 16 / 4000
+    xs = (-8 + (i + 0.5) * width for i in range(4000))
+    return sum(x * n * normal.pdf(x) * normal.cdf(x) ** (n - 1) * width
+               for x in xs)
+
+
+def nodes_for(system: System, gpus: int) -> int:
+    return max(1, math.ceil(gpus / system.gpus_per_node))
+
+
+def step_split(workload: Workload, system: System, gpus: int,
+               plan: Plan = Plan()) -> Dict[str, float]:
+    """Seconds of each term of one step on `gpus` GPUs (a node's worth or
+    whole nodes; fewer GPUs than a node use that node's links)."""
+    nodes = nodes_for(system, gpus)
+    sized = dataclasses.replace(system, gpus_per_node=min(
+        gpus, system.gpus_per_node))
+    k, micro = workload.accumulation, workload.micro_seconds
+    sync = collectives.gradient_sync(sized, nodes, workload.gradient_size,
+                                     plan.algorithm, plan.zero1,
+                                     plan.bus_bandwidth, plan.fusion_bytes
+                                     ) if gpus > 1 else 0.0
+    hidden = workload.overlap * workload.backward_share * micro
+    update = workload.update_seconds / (gpus if plan.zero1 else 1)
+    return {"compute": k * micro, "update": update,
+            "fixed": workload.fixed_seconds,
+            "sync": max(0.0, sync - hidden),
+            "straggler": (workload.jitter * micro * math.sqrt(k)
+                          * expected_max(gpus))}
+
+
+def step_seconds(workload, system, gpus, plan=Plan()) -> float:
+    return sum(step_split(workload, system, gpus, plan).values())
+
+
+def throughput(workload, system, gpus, plan=Plan()) -> float:
+    """Examples per second of all `gpus` GPUs."""
+    return (gpus * workload.examples_per_gpu
+            / step_seconds(workload, system, gpus, plan))
+
+
+def strong_workload(workload: Workload, global_batch: int,
+                    gpus: int) -> Workload:
+    """The workload that keeps `global_batch` on `gpus` GPUs: fewer
+    micro-batches, then smaller ones (compute taken as linear in the
+    micro-batch below it)."""
+    per_gpu = global_batch / gpus
+    if per_gpu >= workload.micro_batch:
+        return workload.with_accumulation(max(1, round(
+            per_gpu / workload.micro_batch)))
+    size = max(1, int(per_gpu))
+    return dataclasses.replace(
+        workload, accumulation=1, micro_batch=size,
+        micro_seconds=workload.micro_seconds * size / workload.micro_batch)
+
+
+def solve(f, low: float, high: float, steps: int = 200) -> float:
+    """The x in [low, high] where the increasing `f` crosses 0
+    (geometric bisection: the bounds span orders of magnitude)."""
+    for _ in range(steps):
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if f(middle) < 0 else (low, middle)
+    return high
+
+
+def needed_network(workload: Workload, system: System, gpus: int,
+                   target: float, plan: Plan = Plan()) -> Optional[float]:
+    """The NIC line rate per node (bytes/s, all its NICs) at which weak
+    scaling reaches `target` efficiency on `gpus` GPUs; 0 inside one node;
+    None when no network would (latency, jitter or the node's own links
+    use the budget)."""
+    if nodes_for(system, gpus) == 1:
+        return 0.0
+    single = step_seconds(workload, system, 1, plan)
+
+    def short(line_rate):  # < 0 while the efficiency falls short
+        faster = dataclasses.replace(
+            system, nic_bandwidth=line_rate / system.nics_per_node)
+        return single / step_seconds(workload, faster, gpus, plan) - target
+
+    ceiling = system.intra_bandwidth / system.network_efficiency
+    if short(ceiling) < 0:
+        return None
+    return solve(short, 1e3, ceiling)
+
+
+@dataclasses.dataclass(frozen=True)
+class Uncertainty:
+    """Relative spreads of the inputs a band spans: compute, network
+    bandwidth, and jitter (as a factor)."""
+    compute: float = 0.03
+    network: float = 0.2
+    jitter_factor: float = 2.0
+
+
+def corners(workload: Workload, system: System, spread: Uncertainty):
+    """(pessimistic, optimistic) workload and system."""
+    def shifted(sign):
+        w = dataclasses.replace(
+            workload, micro_seconds=workload.micro_seconds
+            * (1 + sign * spread.compute),
+            jitter=workload.jitter * spread.jitter_factor ** sign)
+        s = dataclasses.replace(
+            system, network_efficiency=min(1.0, system.network_efficiency
+                                           * (1 - sign * spread.network)))
+        return w, s
+    return shifted(+1), shifted(-1)
+
+
+def time_to_target(step: float, global_batch: int, reference_steps: float,
+                   reference_batch: int, noise: float) -> float:
+    """Seconds to the target a run reached in `reference_steps` steps at
+    `reference_batch`: S(B) = S_min (1 + B_noise / B) steps (McCandlish et
+    al. 2018), S_min from the reference run."""
+    if math.isinf(noise):  # every batch is small: steps fall as 1 / B
+        return reference_steps * reference_batch / global_batch * step
+    s_min = reference_steps / (1 + noise / reference_batch)
+    return s_min * (1 + noise / global_batch) * step
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A target a run reached: steps at its global batch, and the run's
+    noise scale with its interval (high None: unbounded)."""
+    steps: float
+    global_batch: int
+    noise: float
+    noise_interval: Tuple[float, Optional[float]]
+
+
+def project(workload: Workload, system: System, gpu_counts: Sequence[int],
+            plan: Plan = Plan(), target_efficiency: float = 0.9,
+            target: Optional[Target] = None,
+            spread: Uncertainty = Uncertainty()) -> List[dict]:
+    """One row per GPU count: the split, throughput (with its band), weak
+    and strong efficiency, the network the target efficiency needs, the
+    dominant term, and the time to `target` (with its band)."""
+    (low_w, low_s), (high_w, high_s) = corners(workload, system, spread)
+    single = step_seconds(workload, system, 1, plan)
+    first = gpu_counts[0]
+    strong_batch = first * workload.examples_per_gpu
+    strong_base = throughput(workload, system, first, plan)
+    rows = []
+    for gpus in gpu_counts:
+        split = step_split(workload, system, gpus, plan)
+        step = sum(split.values())
+        strong = strong_workload(workload, strong_batch, gpus)
+        row = {"gpus": gpus, "nodes": nodes_for(system, gpus),
+               "global_batch": gpus * workload.examples_per_gpu,
+               "step_seconds": step, "split": split,
+               "throughput": throughput(workload, system, gpus, plan),
+               "throughput_band": [
+                   throughput(low_w, low_s, gpus, plan),
+                   throughput(high_w, high_s, gpus, plan)],
+               "weak_efficiency": single / step,
+               "strong_efficiency": (
+                   throughput(strong, system, gpus, plan)
+                   / (strong_base * gpus / first)),
+               "dominant": max(split, key=split.get),
+               "dominant_overhead": max(
+                   (t for t in TERMS if t != "compute"), key=split.get),
+               "needed_nic_bandwidth": needed_network(
+                   workload, system, gpus, target_efficiency, plan)}
+        if target is not None:
+            row.update(_target_times(row, target, step,
+                                     step_seconds(low_w, low_s, gpus, plan),
+                                     step_seconds(high_w, high_s, gpus,
+                                                  plan)))
+        rows.append(row)
+    return rows
+
+
+def _target_times(row, target: Target, step, slow, fast) -> dict:
+    batch = row["global_batch"]
+    low_noise, high_noise = target.noise_interval
+    high_noise = math.inf if high_noise is None else high_noise
+    times = [time_to_target(s, batch, target.steps, target.global_batch, b)
+             for s, b in itertools.product(
+                 (slow, fast), (low_noise, high_noise))]
+    return {"time_to_target": time_to_target(
+                step, batch, target.steps, target.global_batch, target.noise),
+            "time_to_target_band": [min(times), max(times)]}

@@ -1,0 +1,136 @@
+"""A machine as the projection sees it: GPUs per node, the link between the
+GPUs of a node and the network between nodes.
+
+Bandwidths are bytes per second in one direction; latencies are seconds
+per hop of a ring. A system file is JSON with the fields of `System`
+(`python -m planning --system my.json`); `describe(system)` says what a
+preset assumes. The presets' figures are the vendors' data sheets; the
+efficiencies (the share of a link a collective reaches) are assumptions,
+and the latencies approximate the per-hop figures of NCCL's tuning model
+for its Simple protocol (3.4 us a hop on NVLink, 5.7 on PCIe, 14 on the
+network, 8.4 us a collective; NVIDIA/nccl src/graph/tuning.cc):
+
+- intra-node `intra_bandwidth`: the bus bandwidth an all-reduce among a
+  node's GPUs reaches (nccl-tests' busbw convention, doc/PERFORMANCE.md);
+- `nic_bandwidth` x `nics_per_node` x `network_efficiency`: the bus
+  bandwidth of an all-reduce across nodes (one ring per NIC, each crossing
+  a node boundary once per node), never above the intra-node figure.
+"""
+
+import dataclasses
+import json
+from typing import Dict
+
+GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """One node type, every node alike.
+
+    Attributes:
+        name: What the tables print.
+        gpu: The accelerator's name.
+        gpus_per_node: Accelerators (workers' replicas) in a node.
+        peak_tflops: Dense 16-bit peak per GPU (shares of peak).
+        memory_bandwidth: HBM bytes/s per GPU (an optimizer update's floor).
+        intra_bandwidth: All-reduce bus bandwidth inside a node, bytes/s.
+        intra_latency: Seconds per ring hop inside a node.
+        nic_bandwidth: One NIC's line rate, bytes/s, one direction.
+        nics_per_node: NICs a node's collectives use.
+        network_efficiency: Share of the NICs' line rate an all-reduce
+            reaches across nodes.
+        nic_latency: Seconds per ring hop between nodes.
+        base_latency: Seconds a collective costs before its first hop.
+    """
+    name: str
+    gpu: str
+    gpus_per_node: int
+    peak_tflops: float
+    memory_bandwidth: float
+    intra_bandwidth: float
+    intra_latency: float
+    nic_bandwidth: float
+    nics_per_node: int
+    network_efficiency: float
+    nic_latency: float
+    base_latency: float = 8.4e-6
+
+    def __post_init__(self):
+        for field in ("gpus_per_node", "nics_per_node"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"system {self.name!r}: {field} must be "
+                                 f">= 1, got {getattr(self, field)}")
+        for field in ("peak_tflops", "memory_bandwidth", "intra_bandwidth",
+                      "nic_bandwidth"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"system {self.name!r}: {field} must be "
+                                 f"> 0, got {getattr(self, field)}")
+        if not 0 < self.network_efficiency <= 1:
+            raise ValueError(f"system {self.name!r}: network_efficiency must "
+                             f"be in (0, 1], got {self.network_efficiency}")
+
+    @property
+    def network_bandwidth(self) -> float:
+        """All-reduce bus bandwidth across nodes, bytes/s."""
+        return min(self.intra_bandwidth, self.nic_bandwidth
+                   * self.nics_per_node * self.network_efficiency)
+
+
+PRESETS: Dict[str, System] = {
+    # 8 x A100 80GB SXM (NVLink 3: 300 GB/s a direction), 8 x HDR 200 Gb/s.
+    "dgx-a100": System(
+        "dgx-a100", "A100 80GB SXM", 8, 312.0, 2.04e12,
+        intra_bandwidth=230 * GB, intra_latency=3.4e-6,
+        nic_bandwidth=25 * GB, nics_per_node=8, network_efficiency=0.9,
+        nic_latency=14e-6),
+    # 8 x H100 SXM (NVLink 4: 450 GB/s a direction), 8 x NDR 400 Gb/s.
+    "dgx-h100": System(
+        "dgx-h100", "H100 SXM", 8, 989.0, 3.35e12,
+        intra_bandwidth=360 * GB, intra_latency=3.4e-6,
+        nic_bandwidth=50 * GB, nics_per_node=8, network_efficiency=0.9,
+        nic_latency=14e-6),
+    # 16 x V100 32GB (NVSwitch: 150 GB/s a direction), 8 x EDR 100 Gb/s:
+    # half a DGX A100's network per node for twice the GPUs.
+    "dgx-2h": System(
+        "dgx-2h", "V100 32GB SXM3", 16, 130.0, 1.0e12,
+        intra_bandwidth=120 * GB, intra_latency=3.4e-6,
+        nic_bandwidth=12.5 * GB, nics_per_node=8, network_efficiency=0.9,
+        nic_latency=14e-6),
+    # 4 x P100 16GB on PCIe 3.0 x16, one 25 Gb/s Ethernet NIC (RoCE): the
+    # servers of Horovod's published benchmark.
+    "pcie-25gbe": System(
+        "pcie-25gbe", "P100 16GB PCIe", 4, 18.7, 0.72e12,
+        intra_bandwidth=10 * GB, intra_latency=5.7e-6,
+        nic_bandwidth=3.125 * GB, nics_per_node=1, network_efficiency=0.8,
+        nic_latency=14e-6),
+}
+
+
+def load(name_or_path: str) -> System:
+    """A preset by name, or a JSON file of `System`'s fields."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    if not name_or_path.endswith(".json"):
+        raise ValueError(f"--system {name_or_path!r}: not a preset "
+                         f"({', '.join(PRESETS)}) nor a .json file")
+    with open(name_or_path) as f:
+        fields = json.load(f)
+    known = {f.name for f in dataclasses.fields(System)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"{name_or_path}: unknown field(s) {unknown}; a "
+                         f"system file holds {sorted(known)}")
+    fields.setdefault("name", name_or_path)
+    try:
+        return System(**fields)
+    except TypeError as e:
+        raise ValueError(f"{name_or_path}: {e}") from None
+
+
+def describe(system: System) -> str:
+    return (f"{system.name}: {system.gpus_per_node} x {system.gpu} a node; "
+            f"all-reduce {system.intra_bandwidth / GB:.0f} GB/s inside a "
+            f"node, {system.network_bandwidth / GB:.1f} GB/s across nodes "
+            f"({system.nics_per_node} x {8 * system.nic_bandwidth / GB:.0f}"
+            f" Gb/s at {system.network_efficiency:.0%})")

@@ -1,0 +1,91 @@
+"""Every entry point answers a missing flag in one line before TensorFlow
+loads: run with a `tensorflow` that refuses to import, each still names
+the flag it needs (and a run that gives them would reach the refusal)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, corpus  # noqa: F401  (a fixture)
+
+# (module, its flags, the line it answers)
+MISSING = [
+    ("models.tasks.run_pretraining", [],
+     "run_pretraining: error: --input_file or --input_files_dir is required"),
+    ("models.tasks.run_pretraining", ["--input_files_dir=/data"],
+     "run_pretraining: error: --output_dir is required"),
+    ("models.tasks.train_image_classifier", ["--output_dir=/tmp/x"],
+     "train_image_classifier: error: --train_files or --nodo_train is "
+     "required"),
+    ("models.tasks.train_image_classifier", ["--nodo_train"],
+     "train_image_classifier: error: --output_dir is required"),
+    ("models.tasks.export_bert", ["--checkpoint=c"],
+     "export_bert: error: --bert_config_file is required"),
+    ("input_pipelines.create_pretraining_data", ["--input_file=a"],
+     "create_pretraining_data: error: --output_file is required"),
+    ("input_pipelines.build_image_records", [],
+     "build_image_records: error: --image_dir is required"),
+]
+
+
+@pytest.fixture(scope="module")
+def no_tensorflow(tmp_path_factory):
+    """A PYTHONPATH whose `tensorflow` refuses to import."""
+    root = tmp_path_factory.mktemp("no_tf")
+    (root / "tensorflow").mkdir()
+    (root / "tensorflow" / "__init__.py").write_text(
+        "raise ImportError('TensorFlow was imported')\n")
+    return str(root)
+
+
+def run(module, args, no_tensorflow):
+    return subprocess.run(
+        [sys.executable, "-c", f"from {module} import run; run()", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"PYTHONPATH": f"{no_tensorflow}:{REPO}", "PATH": "/usr/bin"})
+
+
+@pytest.mark.parametrize("module,args,line", MISSING,
+                         ids=[f"{m.split('.')[-1]}-{len(a)}"
+                              for m, a, _ in MISSING])
+def test_a_missing_flag_is_one_line_before_tensorflow(module, args, line,
+                                                      no_tensorflow):
+    done = run(module, args, no_tensorflow)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [line], done.stderr
+
+
+def test_the_refusing_tensorflow_is_reached_once_the_flags_are_given(
+        no_tensorflow, tmp_path):
+    done = run("models.tasks.run_pretraining",
+               [f"--input_file={tmp_path}/x", f"--output_dir={tmp_path}"],
+               no_tensorflow)
+    assert "TensorFlow was imported" in done.stderr, done.stderr
+
+
+EXTRAS_MODULES = ("tqdm", "distributed", "dask", "tensorflow_datasets",
+                  "tensorflow_text", "matplotlib", "mpi4py", "tf_keras")
+
+
+@pytest.mark.slow
+def test_the_core_install_runs_the_job(corpus, tmp_path):  # noqa: F811
+    """The job and the Trainer on the core dependencies alone: with every
+    extra's module refusing to import, run_pretraining trains, saves and
+    writes its summary."""
+    from tests.test_pretraining import pretrain_args
+    refuse = tmp_path / "refuse"
+    for name in EXTRAS_MODULES:
+        (refuse / name).mkdir(parents=True)
+        (refuse / name / "__init__.py").write_text(
+            f"raise ImportError('{name} is an extra')\n")
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "run_pretraining",
+         *pretrain_args(corpus, out, 6)], cwd=REPO, capture_output=True,
+        text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": f"{refuse}:{REPO}"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["steps"] == 6
