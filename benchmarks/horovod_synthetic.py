@@ -13,7 +13,7 @@ Each repeat runs, in turn:
     model and data through tfscale's Trainer (one fused MPI all-reduce per
     step).
 Reported: images/s (all ranks) per run, medians, and each Horovod variant
-over the Trainer (the issue's target: within 10%).
+over the Trainer (the target: within 10%).
 """
 
 import argparse

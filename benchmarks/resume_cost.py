@@ -1,5 +1,6 @@
 r"""What resuming costs: time from `fit` to the first step, at step 10 and at
-step 5,000 of the same run (issue: "resume without re-reading").
+step 5,000 of the same run (a resume must not re-read the records it
+skips).
 
     python -m benchmarks.resume_cost [--steps 5000] [--repeats 3]
 
