@@ -55,8 +55,8 @@ def parse_args(argv):
     p.add_argument("--micro_ms", type=float, help="one micro-batch's "
                    "forward and backward, ms")
     p.add_argument("--compute_scale", type=float, default=1.0,
-                   help="multiplies the micro-batch's time (the run's "
-                   "device against the target GPU)")
+                   help="multiplies the micro-batch's and the update's "
+                   "time (the run's device against the target GPU)")
     p.add_argument("--gradient_dtype", choices=sorted(DTYPE_BYTES),
                    help="on the wire")
     p.add_argument("--update_ms", type=float,
@@ -119,7 +119,8 @@ def _workload(args) -> tuple:
     else:
         workload = dataclasses.replace(base, **given)
     workload = dataclasses.replace(
-        workload, micro_seconds=workload.micro_seconds * args.compute_scale)
+        workload, micro_seconds=workload.micro_seconds * args.compute_scale,
+        update_seconds=workload.update_seconds * args.compute_scale)
     return workload, _target(args, facts), facts
 
 

@@ -91,7 +91,7 @@ def from_summary(path: str) -> RunFacts:
     """A run's workload from its summary.json (`run_pretraining.py`, the
     image job): the steady log intervals' phases, scaled so that they add
     up to the untimed step; the jitter from the spread of the intervals'
-    step times."""
+    step times (summary.json keeps no single step's time)."""
     with open(path) as f:
         summary = json.load(f)
     missing = [k for k in ("parameters", "num_accumulation_steps",
@@ -117,10 +117,11 @@ def from_summary(path: str) -> RunFacts:
     if len(times) > 1:
         mean = sum(times) / len(times)
         std = math.sqrt(sum((t - mean) ** 2 for t in times) / (len(times) - 1))
-        # An interval's mean over `steps` steps: one step varies sqrt(steps)
-        # as much; one micro-batch sqrt(k) less than a step.
-        steps = sum(r["steps"] for r in rows) / len(rows)
-        jitter = std / mean * math.sqrt(steps) / math.sqrt(k)
+        # The spread of the intervals' means, taken as one step's: a floor
+        # for independent steps (an interval's mean varies less than a
+        # step), about right for the slow drift a shared host shows. One
+        # micro-batch varies sqrt(k) less than a step.
+        jitter = std / mean / math.sqrt(k)
     workload = Workload(
         parameters=summary["parameters"], micro_batch=micro_batch,
         accumulation=k, micro_seconds=phases["compute"] * scale / k,
