@@ -70,8 +70,7 @@ def make_data(out: str) -> dict:
         "--train_batch_size=48", "--optimizer=lamb", "--learning_rate=1e-3"],
         "resnet50": [
         "train_image_classifier", f"--train_files={images}/records/train-*",
-        "--num_classes=10", "--image_size=32", "--train_batch_size=24",
-        "--do_eval=false"]}
+        "--num_classes=10", "--image_size=32", "--train_batch_size=24"]}
 
 
 def run_job(args, workers: int, output_dir: str, steps: int) -> dict:
@@ -87,7 +86,8 @@ def run_job(args, workers: int, output_dir: str, steps: int) -> dict:
         procs.append(subprocess.Popen(
             ["ip", "netns", "exec", f"node{index + 1}", sys.executable, "-m",
              *args, f"--output_dir={output_dir}", f"--num_train_steps={steps}",
-             "--log_steps=4", f"--save_checkpoints_steps={10 * steps}"],
+             "--log_steps=4", f"--save_checkpoints_steps={10 * steps}",
+             "--num_warmup_steps=0"],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
     codes = [p.wait(timeout=1800) for p in procs]
     if any(codes):
