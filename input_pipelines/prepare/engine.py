@@ -200,7 +200,7 @@ class Session:
     def run(self, tasks: Sequence, fn: Callable, *, work: Sequence[int],
             describe: Callable, unit: str = "record", initial: int = 0,
             show_progress: bool = False) -> List:
-        """As `run` (module level), in this session."""
+        """As `run` (module level), on this `Session`'s processes."""
         with tqdm.tqdm(total=initial + sum(work), initial=initial,
                        unit=unit, desc=unit + "s",
                        disable=None if show_progress else True,
