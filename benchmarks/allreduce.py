@@ -10,7 +10,7 @@ For each transport and process count (all on this host; `--mpirun_args
   as the Trainer's step issues it: of one tensor (the TensorFlow boundary
   alone) and of 8 tensors (plus the fusion buffer's concat and split);
   grpc = MultiWorkerMirroredStrategy's collectives, mpi_* = tfscale's MPI
-  backend (`tfscale/mpi.py`) with Open MPI's TCP transport (`--mca btl
+  backend (`tfscale/cluster/mpi.py`) with Open MPI's TCP transport (`--mca btl
   tcp,self`) or its shared memory transport (the default on one host);
 - for MPI, a bare mpi4py `Allreduce` of a NumPy buffer of the same size in
   the same run: tfscale / bare is the cost of the TensorFlow boundary; and

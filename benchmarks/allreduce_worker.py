@@ -21,9 +21,9 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
-from tfscale import cluster as cluster_lib  # noqa: E402
-from tfscale import strategies  # noqa: E402
-from tfscale import collectives as collectives_lib  # noqa: E402
+from tfscale.cluster import environment as cluster_lib  # noqa: E402
+from tfscale.cluster import strategies  # noqa: E402
+from tfscale.cluster import collectives as collectives_lib  # noqa: E402
 
 PIECES = 8  # tensors in the fused variant
 

@@ -7,7 +7,7 @@ TensorFlow 2.21 sometimes blocks the thread that deletes a `tf.data`
 iterator for tens of seconds when tf.data's autotune is on. In a
 multi-worker job the other workers wait for that worker in their next
 collective, which is why the Trainer deletes finished iterators on a
-background thread (`tfscale/replica_feed.py`). This reproduces the stall
+background thread (`tfscale/step/feed.py`). This reproduces the stall
 without the Trainer: `--runs` runs of 2 workers through launch.local for
 each autotune setting (see `iterator_deletion_worker.py`), each timing the
 deletion of its iterator on the main thread. Run it after a TensorFlow

@@ -104,7 +104,7 @@ import numpy as np, tensorflow as tf, keras
 sys.path.insert(0, {root!r})
 from models import bert
 from models.bert_config import BertConfig
-from tfscale import memory
+from tfscale.trainer import memory
 config = BertConfig.from_json_file({config!r})
 batch, seq, steps, recompute = {batch}, {seq}, {steps}, {recompute}
 model = bert.make_pretrainer(config, seq, 20, recompute_activations=recompute)

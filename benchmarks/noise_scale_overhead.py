@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from benchmarks.scaling_worker import model_and_data
 from benchmarks.trainer_overhead import LastReport
-from tfscale.noise_scale import NoiseScaleConfig
-from tfscale.trainer import TrainConfig, Trainer
+from tfscale.noise.scale import NoiseScaleConfig
+from tfscale.trainer.loop import TrainConfig, Trainer
 
 WORKLOADS = ("bert_tiny", "materials_mlp")
 MODES = ("off", "plain", "preconditioned")

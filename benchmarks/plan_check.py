@@ -18,7 +18,6 @@ measured compute beside the prediction's. Output: report.md, results.json.
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess

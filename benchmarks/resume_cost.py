@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from input_pipelines import bert_records, tfrecord
-from tfscale.trainer import TrainConfig, Trainer
+from tfscale.trainer.loop import TrainConfig, Trainer
 
 SPEC = bert_records.BertRecordSpec(128, 20)
 GLOBAL_BATCH = 64

@@ -237,7 +237,7 @@ def write_outputs(rows, bandwidth, out_dir, title) -> str:
             f"{r['sync_vs_bound']:.3f} | {r['sync_vs_one_way']:.3f} | "
             + _noise_cells(r) + " |")
     lines += ["", "B_simple: the gradient noise scale the Trainer measured "
-              "(tfscale/noise_scale.py; needs >= 2 replicas or accumulation "
+              "(tfscale/noise/scale.py; needs >= 2 replicas or accumulation "
               "steps). It describes the data: on the synthetic workloads, "
               "one batch repeated, it is not the data set's."]
     report = "\n".join(lines) + "\n"

@@ -17,11 +17,11 @@ import tensorflow as tf
 
 from input_pipelines import images, tfrecord
 from models import benchmark_models, bert, bert_config
-from tfscale import cluster as cluster_lib
-from tfscale import strategies
-from tfscale import collectives
+from tfscale.cluster import environment as cluster_lib
+from tfscale.cluster import strategies
+from tfscale.cluster import collectives
 from tfscale import precision
-from tfscale.trainer import TrainConfig, Trainer
+from tfscale.trainer.loop import TrainConfig, Trainer
 
 
 def model_and_data(name: str, batch_size: int, image_records=None,

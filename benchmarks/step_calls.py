@@ -35,7 +35,7 @@ from models import bert
 from models.bert_config import BertConfig
 from tfscale import precision
 from tfscale.optim.lamb import Lamb
-from tfscale.trainer import TrainConfig, Trainer
+from tfscale.trainer.loop import TrainConfig, Trainer
 
 
 class Reads:

@@ -112,8 +112,8 @@ def trace_layout(fields: dict, args, bert_config: dict):
     from models.bert_config import BertConfig
     from tfscale import precision
     from tfscale.optim.lamb import Lamb
-    from tfscale.replica_feed import ReplicaFeed
-    from tfscale.trainer import TrainConfig, Trainer
+    from tfscale.step.feed import ReplicaFeed
+    from tfscale.trainer.loop import TrainConfig, Trainer
 
     fields = dict(fields)
     uncompiled_update = fields.pop("uncompiled_update", False)
@@ -141,8 +141,8 @@ def trace_layout(fields: dict, args, bert_config: dict):
     data = make_data(256, 128, 20, bert_config["vocab_size"])
     feed = ReplicaFeed(strategy, lambda context: data, num_replicas=1,
                        num_workers=1, worker_index=0)
-    trainer._feed = feed  # what fit sets: the call reads it
-    from tfscale import trainer_parts
+    trainer._replica_feed = feed  # what fit sets: the call reads it
+    from tfscale.trainer import parts as trainer_parts
     with trainer_parts.borrowed(model, trainer.optimizer):  # as in fit
         graph = trainer._train_step.call_graph(feed.iterator,
                                                args.steps_per_call)

@@ -15,7 +15,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfscale import noise_norms, noise_scale, step_row
+from tfscale.noise import norms as noise_norms
+from tfscale.noise import scale as noise_scale
+from tfscale.step import row as step_row
 from tfscale.optim import OptimConfig, make_optimizer
 
 DIGITS = 9

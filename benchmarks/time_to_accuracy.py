@@ -59,9 +59,10 @@ import tensorflow as tf  # noqa: E402
 
 from input_pipelines import idx  # noqa: E402
 from benchmarks import study_behaviour  # noqa: E402
-from tfscale import jobs, noise_advice  # noqa: E402
-from tfscale.cluster import ClusterConfig  # noqa: E402
-from tfscale.noise_scale import NoiseScaleConfig  # noqa: E402
+from tfscale import jobs  # noqa: E402
+from tfscale.noise import advice as noise_advice  # noqa: E402
+from tfscale.cluster.environment import ClusterConfig  # noqa: E402
+from tfscale.noise.scale import NoiseScaleConfig  # noqa: E402
 from tfscale.optim import OptimConfig  # noqa: E402
 from tfscale.train_config import TrainConfig  # noqa: E402
 

@@ -19,8 +19,8 @@ import keras
 import tensorflow as tf
 
 from benchmarks.scaling_worker import model_and_data
-from tfscale.step import unreduced
-from tfscale.trainer import TrainConfig, Trainer
+from tfscale.step.train_step import unreduced
+from tfscale.trainer.loop import TrainConfig, Trainer
 
 
 WORKLOADS = ("bert_tiny", "materials_mlp")

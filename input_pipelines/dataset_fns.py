@@ -43,7 +43,7 @@ class PositionedDatasetFn(DatasetFn):
     """A `DatasetFn` in the global order, with `at(position)`: the same
     pipelines from a global record position on. The Trainer calls it with
     the position its checkpoint holds, so a resumed run, on any worker
-    count, continues the uninterrupted run's order (`tfscale.trainer`).
+    count, continues the uninterrupted run's order (`tfscale.trainer.loop`).
 
     `order()` names what a position means (the record set and the seed,
     `record_order/identity.py`); the Trainer keeps it in the checkpoint and

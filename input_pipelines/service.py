@@ -61,12 +61,12 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from launch import constants
+from tfscale.cluster.contract import DATA_SERVICE_ADDRESS_ENV
 
 PROCESSING_MODES = ("distributed_epoch", "parallel_epochs")
 COMPRESSIONS = ("auto", "none")
 # The launcher's dispatcher address, for entry points without the flag.
-ADDRESS_ENV = constants.DATA_SERVICE_ADDRESS_ENV
+ADDRESS_ENV = DATA_SERVICE_ADDRESS_ENV
 
 
 class ServiceError(ValueError):

@@ -17,9 +17,10 @@ import threading
 import time
 from typing import List, Optional
 
-from launch import children, constants
+from launch import children
+from tfscale.cluster.contract import CPU_HOST_NOISE, DATA_SERVICE_ADDRESS_ENV
 
-ADDRESS_ENV = constants.DATA_SERVICE_ADDRESS_ENV
+ADDRESS_ENV = DATA_SERVICE_ADDRESS_ENV
 
 
 class Service:
@@ -75,7 +76,7 @@ class Service:
     def _pump(self, name: str, proc):
         for raw in iter(proc.stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            if not any(noise in line for noise in constants.CPU_HOST_NOISE):
+            if not any(noise in line for noise in CPU_HOST_NOISE):
                 self._say(f"[{name}] {line}")
 
     def _say(self, line: str):

@@ -36,7 +36,7 @@ import time
 from typing import List, Mapping, Optional, Sequence
 
 from launch import children, gpus, mpi_ranks, workers
-from launch.constants import PREEMPTED_EXIT_CODE
+from tfscale.cluster.contract import PREEMPTED_EXIT_CODE
 
 
 def find_free_ports(count: int, host: str = "127.0.0.1") -> List[int]:

@@ -19,7 +19,7 @@ from input_pipelines.tfrecord import TFRecordConfig
 from models import bert_config
 from models.tasks.pretraining import PretrainingConfig, train_and_evaluate
 from tests.conftest import run_command
-from tfscale.cluster import ClusterConfig
+from tfscale.cluster.environment import ClusterConfig
 from tfscale.jobs import JobError
 from tfscale.optim import OptimConfig
 from tfscale.train_config import TrainConfig

@@ -16,8 +16,8 @@ import tensorflow as tf
 
 from models import bert, bert_config
 from tests.test_trainer import TWO_CPUS, mirrored
-from tfscale import checkpointing
-from tfscale.trainer import TrainConfig, Trainer
+from tfscale.resume import checkpoints as checkpointing
+from tfscale.trainer.loop import TrainConfig, Trainer
 
 SEQ, PRED = 16, 4
 ONE_CPU = ["/cpu:0"]  # tracing BERT for one replica is twice as fast

@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent("""
     def job(config):
         run_log.warning("written by the job")
         if config == "preempt":
-            from tfscale.preemption import Preempted
+            from tfscale.resume.preemption import Preempted
             raise Preempted(7, "ckpt-7")
         if config == "error":
             from tfscale.jobs import JobError

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from tfscale.cluster import ClusterConfig, ClusterError, resolve_cluster
+from tfscale.cluster.environment import (ClusterConfig, ClusterError,
+                                         resolve_cluster)
 
 
 def tf_config(cluster, task):

@@ -10,7 +10,7 @@ import tensorflow as tf
 import tfscale
 from tests.test_trainer import TWO_CPUS, data, mirrored
 from tfscale import _compat
-from tfscale.trainer import TrainConfig, Trainer
+from tfscale.trainer.loop import TrainConfig, Trainer
 
 ONE_CPU = ["/cpu:0"]
 

@@ -25,10 +25,10 @@ import tensorflow as tf
 
 from tests import gpu_branch
 from tests.conftest import run_command, run_workers
-from tfscale import noise_scale as noise_lib
+from tfscale.noise import scale as noise_lib
 from tfscale import precision
 from tfscale.optim.lamb import Lamb
-from tfscale.trainer import TrainConfig, Trainer
+from tfscale.trainer.loop import TrainConfig, Trainer
 
 # What every case shares: calls of up to 3 steps, one timed step (part by
 # part) per log interval of 5, so both ways of running a step are taken.

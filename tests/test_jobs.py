@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from planning import workload
 from tfscale import jobs
-from tfscale.cluster import ClusterConfig
+from tfscale.cluster.environment import ClusterConfig
 from tfscale.optim import OptimConfig
 from tfscale.train_config import TrainConfig
 
@@ -233,7 +233,7 @@ def test_a_study_is_keyed_by_everything_that_defines_it(tmp_path,
         digests[f"file {path}"] = base.digest()
     # The engine's numbers: the noise scale's per-step estimates, the
     # optimizers' rates.
-    from tfscale import noise_scale
+    from tfscale.noise import scale as noise_scale
     from tfscale.optim import factory
     steps = noise_scale.step_estimates
     rates = factory.scale_learning_rate
@@ -277,7 +277,7 @@ def test_a_refactor_of_the_engine_keeps_a_studys_digest(monkeypatch):
     numbers from other code (a function rewritten, moved, renamed) keep a
     study's digest, and its results with it."""
     from benchmarks import time_to_accuracy as tta
-    from tfscale import noise_scale
+    from tfscale.noise import scale as noise_scale
     tta.engine_digests.cache_clear()
     before = tta.engine_digests()
     original = noise_scale.step_estimates

@@ -40,10 +40,29 @@ def test_flags_are_read_only_by_entry_points():
     assert offenders == []
 
 
+# What the launchers and the workers agree on: the one engine module
+# `launch/` imports, and it imports nothing.
+CONTRACT = "tfscale.cluster.contract"
+
+
 def test_launch_and_planning_never_import_tensorflow():
     for path in sources("launch", "planning"):
-        assert not any(m.split(".")[0] in ("tensorflow", "keras", "tfscale")
+        assert not any(m.split(".")[0] in ("tensorflow", "keras")
+                       or (m.startswith("tfscale") and m != CONTRACT)
                        for m in imported_modules(path)), path
+    contract = REPO / (CONTRACT.replace(".", "/") + ".py")
+    assert list(imported_modules(contract)) == []
+    for package in ("tfscale", "tfscale.cluster"):
+        init = REPO / (package.replace(".", "/") + "/__init__.py")
+        assert not any(m.split(".")[0] in ("tensorflow", "keras")
+                       for m in imported_modules(init)), package
+
+
+def test_the_engine_imports_nothing_from_launch_or_the_jobs():
+    for path in sources("tfscale"):
+        assert not any(m.split(".")[0] in ("launch",) or
+                       m.startswith("models") for m in imported_modules(path)
+                       if m != "models"), path
 
 
 def test_engine_never_imports_models_or_pipelines():
@@ -68,8 +87,8 @@ def test_models_and_pipelines_do_not_know_each_other():
 # The modules that read the process environment: the cluster's variables,
 # the entry points' edge, and XLA_FLAGS (composed before XLA's first
 # compilation).
-EDGE = {"tfscale/cluster.py", "tfscale/cli.py", "models/tasks/flags.py",
-        "tfscale/xla_flags.py"}
+EDGE = {"tfscale/cluster/environment.py", "tfscale/cli.py",
+        "models/tasks/flags.py", "tfscale/xla_flags.py"}
 
 
 def test_only_the_cluster_module_reads_the_cluster_environment():
@@ -77,7 +96,7 @@ def test_only_the_cluster_module_reads_the_cluster_environment():
         text = path.read_text()
         if str(path.relative_to(REPO)) not in EDGE:
             assert "os.environ" not in text and "SLURM_PROCID" not in text, path
-        if path.name != "cluster.py":
+        if path.name != "environment.py":
             assert "SLURM_PROCID" not in text, path
 
 
@@ -179,7 +198,7 @@ def test_nothing_but_the_packages_is_installed_and_root_files_are_shims():
     loaded += [node.module for node in top
                if isinstance(node, ast.ImportFrom) and node.module]
     assert not any(m.split(".")[0] in ("tensorflow", "keras", "tfscale")
-                   and m != "tfscale" for m in loaded if m), loaded
+                   and m not in ("tfscale", CONTRACT) for m in loaded if m), loaded
 
 
 def tracked_text_files():
@@ -274,27 +293,91 @@ def test_no_engine_function_is_longer_than_a_screen():
     assert long == []
 
 
-# An engine file a reader takes in at a sitting: at most 450 lines (on
-# 2026-11-25 this split trainer.py from 842 lines, step.py from 610, noise_scale.py from 526,
-# _compat.py from 601, zero.py from 516 and jobs.py from 508).
-ENGINE_FILE_LINES = 450
+# The engine's layers, bottom to top (docs/architecture.md): a module
+# imports from its own unit and the units before it, never one after.
+# Package __init__ files (their lazy names) count as their package.
+LAYERS = (
+    ("tfscale.errors", "tfscale._compat", "tfscale.durable",
+     "tfscale.precision", "tfscale.xla_flags"),
+    ("tfscale.optim",),
+    ("tfscale.cluster",),
+    ("tfscale.horovod",),
+    ("tfscale.noise",),
+    ("tfscale.train_config",),
+    ("tfscale.step",),
+    ("tfscale.keras",),
+    ("tfscale.resume",),
+    ("tfscale.zero",),
+    ("tfscale.trainer",),
+    ("tfscale.job_lines",),
+    ("tfscale.jobs",),
+    ("tfscale.cli",),
+)
 
 
-def test_engine_files_fit_in_a_sitting():
-    over = {}
-    for path in sources("tfscale"):
-        lines = len(path.read_text().splitlines())
-        if lines > ENGINE_FILE_LINES:
-            over[str(path.relative_to(REPO))] = lines
-    assert over == {}
+def layer_of(module):
+    """The layer and the unit of a module of tfscale."""
+    for height, units in enumerate(LAYERS):
+        for unit in units:
+            if module == unit or module.startswith(unit + "."):
+                return height, unit
+    raise AssertionError(f"{module} is in no layer of LAYERS")
+
+
+def upward_imports(graph):
+    """(importer, imported) pairs of tfscale where the import runs up a
+    layer, or sideways between two units of one layer."""
+    found = []
+    for name, targets in graph.items():
+        if not name.startswith("tfscale.") or name == "tfscale":
+            continue
+        height, unit = layer_of(name)
+        for target in targets:
+            if not target.startswith("tfscale.") or target == "tfscale":
+                continue
+            if unit == "tfscale.cluster" and target == "tfscale.cluster":
+                continue
+            other_height, other_unit = layer_of(target)
+            if other_height > height or (other_height == height
+                                         and other_unit != unit):
+                found.append((name, target))
+    return sorted(found)
+
+
+def test_the_engine_imports_only_down_its_layers():
+    assert upward_imports(module_graph()) == []
+
+
+def test_the_layer_check_can_fail():
+    graph = {"tfscale.step.plan": {"tfscale.trainer.loop"},
+             "tfscale.step.feed": {"tfscale.keras.callbacks"},
+             "tfscale.trainer.loop": {"tfscale.step.plan"}}
+    assert upward_imports(graph) == [
+        ("tfscale.step.feed", "tfscale.keras.callbacks"),
+        ("tfscale.step.plan", "tfscale.trainer.loop")]
+
+
+def test_each_package_says_what_it_owns():
+    # Each package of the engine opens with a map of its modules.
+    # (tfscale.horovod mirrors Horovod's API; its own docs say so.)
+    for init in (REPO / "tfscale").glob("*/__init__.py"):
+        if init.parent.name == "horovod":
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        modules = {p.name for p in init.parent.glob("*.py")
+                   if p.name != "__init__.py"}
+        missing = {m for m in modules if m not in doc}
+        assert modules and not missing, (init, missing)
 
 
 def test_the_step_plan_and_row_need_no_tensorflow():
     # Which steps a call runs, and what its result row holds, are plain
     # Python: readable and testable without TensorFlow.
-    for name in ("step_plan", "step_row"):
+    # (The row holds the noise scale's numbers, plain Python too.)
+    plain = {"tfscale.noise.numbers"}
+    for name in ("step/plan", "step/row", "noise/numbers"):
         path = REPO / "tfscale" / f"{name}.py"
-        imported = set(imported_modules(path))
+        imported = set(imported_modules(path)) - plain
         assert not any(m.split(".")[0] in ("tensorflow", "keras", "numpy",
                                            "tfscale") for m in imported), (
             name, imported)
@@ -302,11 +385,11 @@ def test_the_step_plan_and_row_need_no_tensorflow():
 
 def test_a_resume_is_read_in_one_place():
     # The checkpoint and the input's saved state are restored, and a
-    # positioned input is started, only in tfscale/resume.py.
+    # positioned input is started, only in tfscale/resume/start.py.
     calls = re.compile(r"\.(restore_latest|restore_input|at)\(")
     found = [str(p.relative_to(REPO)) for p in sources("tfscale")
              if calls.search(p.read_text())]
-    assert found == ["tfscale/resume.py"]
+    assert found == ["tfscale/resume/start.py"]
 
 
 # Names a newcomer guessed wrong, and what they became: `edge` (the entry
@@ -314,19 +397,70 @@ def test_a_resume_is_read_in_one_place():
 # beside launch/local.py) -> `launch/horovodrun.py`; `fit_inputs` (beside
 # input_pipelines/, but it turns model.fit's arguments into a dataset_fn)
 # -> `fit_arguments`; `input_feed` (the per-replica batches of one worker's
-# iterator) -> `replica_feed`.
+# iterator) -> `replica_feed`, now `step/feed.py`. The engine's modules
+# before its packages are in `tfscale.MOVED` (they import with a warning).
 RETIRED = {"tfscale/edge.py": "tfscale/cli.py",
            "launch/run.py": "launch/horovodrun.py",
-           "tfscale/fit_inputs.py": "tfscale/fit_arguments.py",
-           "tfscale/input_feed.py": "tfscale/replica_feed.py"}
+           "launch/constants.py": "tfscale/cluster/contract.py",
+           "tfscale/fit_inputs.py": "tfscale/keras/fit_arguments.py",
+           "tfscale/input_feed.py": "tfscale/step/feed.py"}
+
+
+def retired_modules():
+    from tfscale import MOVED
+    files = dict(RETIRED)
+    for old, new in MOVED.items():
+        files[old.replace(".", "/") + ".py"] = new.replace(".", "/") + ".py"
+    return files
 
 
 def test_retired_names_stay_retired():
-    for old, new in RETIRED.items():
+    files = retired_modules()
+    assert len(files) > 30
+    for old, new in files.items():
         assert not (REPO / old).exists() and (REPO / new).exists(), old
-    modules = [old[:-3].replace("/", ".") for old in RETIRED]
-    stale = [name for name, text in tracked_text_files()
-             if name != "tests/test_layout.py"
-             and any(m in text or m.replace(".", "/") + ".py" in text
-                     for m in modules)]
+    names = re.compile("|".join(
+        rf"(?<![\w.]){re.escape(old[:-3].replace('/', '.'))}(?![\w])"
+        rf"|(?<![\w./]){re.escape(old)}" for old in files))
+    stale = [f"{name}: {names.search(text).group(0)}"
+             for name, text in tracked_text_files()
+             if name not in ("tests/test_layout.py", "tfscale/__init__.py")
+             and names.search(text)]
+    assert stale == []
+
+
+def test_a_moved_module_imports_with_a_warning():
+    import subprocess
+    import sys
+    code = ("import warnings; warnings.simplefilter('error')\n"
+            "try:\n    from tfscale import strategies\n"
+            "except DeprecationWarning as e:\n    print(e)\n"
+            "warnings.simplefilter('ignore')\n"
+            "from tfscale import strategies\n"
+            "import tfscale.cluster.strategies as new\n"
+            "print(strategies is new)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True,
+                         capture_output=True, check=True).stdout.split("\n")
+    assert out[:2] == ["tfscale.strategies is now tfscale.cluster.strategies",
+                       "True"]
+
+
+# Names that read as something else, and what they became on 2026-11-26:
+# the jobs' interval callback beside the Trainer's `IntervalReport`; the
+# class that starts every fit, fresh ones too; a step variable and a step
+# count under one name; two "feeds" of different types.
+RENAMED = {r"\bIntervalLog\b": "IntervalHistory",
+           r"\bclass Resume\b|\.Resume\(": "FitStart",
+           r"position\.steps\b": "position.steps_taken",
+           r"position\.step\b": "position.step_variable",
+           r"TrainStep\([^)]*\bfeed=": "TrainStep(take_batches=...)",
+           r"trainer\._feed\b": "trainer._replica_feed"}
+
+
+def test_renamed_names_stay_renamed():
+    code = [(str(p.relative_to(REPO)), p.read_text())
+            for p in sources("tfscale", "models", "benchmarks", "tests")
+            if p.name != "test_layout.py"]
+    stale = [f"{name}: {new}" for old, new in RENAMED.items()
+             for name, text in code if re.search(old, text, re.S)]
     assert stale == []

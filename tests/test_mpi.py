@@ -1,4 +1,4 @@
-"""The MPI backend (tfscale/mpi.py): the all-reduce in the graph, and real
+"""The MPI backend (tfscale/cluster/mpi.py): the all-reduce in the graph, and real
 runs of 2 ranks started by `launch.local --backend mpi` (mpirun).
 
 Invariants as for MultiWorkerMirroredStrategy (tests/test_multiworker.py):
@@ -24,8 +24,8 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import REPO, run_workers
-from tfscale.cluster import pypi_open_mpi_environment
-from tfscale.mpi import MpiCollectives
+from tfscale.cluster.environment import pypi_open_mpi_environment
+from tfscale.cluster.mpi import MpiCollectives
 
 
 class FakeComm:

@@ -226,7 +226,7 @@ def test_unreachable_peer_fails_within_the_connect_timeout(tmp_path):
     assert f"unreachable peer(s): 127.0.0.1:{ports[1]}" in output
     from tests.test_launch import processes_mentioning
     assert processes_mentioning(str(tmp_path)) == []  # no worker left
-    assert processes_mentioning("_watchdog.py") == []  # nor its watchdog
+    assert processes_mentioning("cluster/watchdog.py") == []  # nor its watchdog
 
 
 def test_a_peer_killed_with_no_launcher_ends_the_others_naming_it(tmp_path):

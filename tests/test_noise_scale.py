@@ -29,12 +29,15 @@ from input_pipelines.record_order import index as record_index
 from tests.conftest import run_command, run_workers
 from tests.test_pretraining import pretrain_args
 from tests.test_trainer import mirrored
-from tfscale import noise_advice, noise_norms, noise_scale, precision
-from tfscale.noise_norms import SETTLE_UPDATES
-from tfscale.noise_scale import NoiseScaleConfig
-from tfscale.step_row import NoiseNumbers
+from tfscale import precision
+from tfscale.noise import advice as noise_advice
+from tfscale.noise import norms as noise_norms
+from tfscale.noise import scale as noise_scale
+from tfscale.noise.norms import SETTLE_UPDATES
+from tfscale.noise.scale import NoiseScaleConfig
+from tfscale.noise.numbers import NoiseNumbers
 from tfscale.optim.adascale import AdaScale
-from tfscale.trainer import TrainConfig, Trainer
+from tfscale.trainer.loop import TrainConfig, Trainer
 
 EXAMPLES, FEATURES, CLASSES = 4096, 20, 5
 
@@ -277,7 +280,7 @@ def test_preconditioned_value_is_the_exact_one_of_adams_direction(draw):
         optimizer_fn=lambda: keras.optimizers.Adam(0.0, beta_2=0.999),
         callbacks=[moments], moments=moments, draw=draw)
     # Step k uses the scale after k - 1 updates, and counts once k - 1 >=
-    # SETTLE_UPDATES (before, v_hat is too young: see noise_scale.py).
+    # SETTLE_UPDATES (before, v_hat is too young: see noise/scale.py).
     terms = np.array([exact_terms(x, y, kernel, bias, scale=scale)
                       for scale in moments.scales[SETTLE_UPDATES - 1:-1]])
     weights = decay ** np.arange(len(terms))[::-1]

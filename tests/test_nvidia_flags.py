@@ -20,7 +20,7 @@ from absl import flags
 
 from models.tasks import nvidia_flags
 from tests.conftest import REPO, run_command
-from tfscale import dllogger
+from models.tasks import dllogger
 
 
 def parse(*argv):

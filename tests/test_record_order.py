@@ -464,7 +464,7 @@ def test_records_moved_in_with_an_older_mtime_are_another_order(tmp_path,
 
 def test_a_positioned_input_with_another_batch_size_is_refused(tmp_path):
     from tests.test_trainer import make_trainer, mirrored, TWO_CPUS
-    from tfscale.trainer import TrainConfig
+    from tfscale.trainer.loop import TrainConfig
     files = write_ids(tmp_path, [40, 40])
     trainer = make_trainer(mirrored(TWO_CPUS),
                            TrainConfig(global_batch_size=8))

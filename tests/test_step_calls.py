@@ -13,11 +13,11 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops  # to count host reads
 
-from tfscale import noise_scale as noise_lib
+from tfscale.noise import scale as noise_lib
 from tfscale import precision
-from tfscale.replica_feed import InputPipelineError
+from tfscale.step.feed import InputPipelineError
 from tfscale.optim.lamb import Lamb
-from tfscale.trainer import TrainConfig, Trainer
+from tfscale.trainer.loop import TrainConfig, Trainer
 from tests.test_trainer import (TWO_CPUS, Recorder, data, dataset_fn_for,
                                 make_trainer, mirrored, weights)
 
@@ -275,7 +275,7 @@ def test_the_plan_is_the_step_number_and_four_settings():
     settings plans. Timed steps run alone; calls end at log and checkpoint
     boundaries, whatever step they start from."""
     import types
-    from tfscale.step_plan import StepPlan
+    from tfscale.step.plan import StepPlan
     plan = StepPlan(types.SimpleNamespace(
         log_steps=10, timed_steps_per_log=2, steps_per_execution=4,
         save_checkpoints_steps=6))

@@ -1,7 +1,7 @@
-"""The step's row, read by name (`tfscale/step_row.py`): each number where
+"""The step's row, read by name (`tfscale/step/row.py`): each number where
 the layout says, on the host and in the noise scale's numbers."""
 
-from tfscale.step_row import NoiseNumbers, RowLayout
+from tfscale.step.row import NoiseNumbers, RowLayout
 
 
 def test_each_number_is_where_the_layout_names_it():

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tfscale import precision
-from tfscale.trainer import TrainConfig, Trainer
+from tfscale.trainer.loop import TrainConfig, Trainer
 
 TWO_CPUS = ["/cpu:0", "/cpu:1"]
 _STRATEGIES = {}
@@ -290,9 +290,9 @@ def test_batch_must_divide_into_replicas_and_micro_batches():
 def test_fit_and_evaluate_delete_their_iterators_off_the_main_thread(
         tmp_path, monkeypatch):
     # Deleting a tf.data iterator can block for up to a minute in TF 2.21
-    # (see replica_feed.py); the Trainer must leave no reference behind (a
+    # (see step/feed.py); the Trainer must leave no reference behind (a
     # checkpoint, a cycle) so the background thread does the deletion.
-    from tfscale import replica_feed
+    from tfscale.step import feed as replica_feed
     freed = []
     original_init = replica_feed.ReplicaFeed.__init__
     original_iter = iter
@@ -370,7 +370,7 @@ def test_a_dataset_fn_of_global_batches_is_refused(drop_remainder, per_call):
     the arithmetic, whether the batch dimension is known when the step is
     traced (checked on the host) or not (on the device, first step of a
     call). Before the check it trained at 4x the gradient, silently."""
-    from tfscale.replica_feed import BatchSizeError
+    from tfscale.step.feed import BatchSizeError
     trainer = make_trainer(mirrored(TWO_CPUS), TrainConfig(
         global_batch_size=32, num_accumulation_steps=2, verbose=0,
         steps_per_execution=per_call, log_steps=8, timed_steps_per_log=1))

@@ -1,4 +1,4 @@
-"""ZeRO stage 1 (`tfscale/zero.py`): the sharded optimizer update equals
+"""ZeRO stage 1 (`tfscale/zero/optimizer.py`): the sharded optimizer update equals
 Keras's, its checkpoints are the unsharded layout, and a real BERT run on 2
 workers ends where the unsharded run ends, resumes killed on 3 workers, and
 resumes sharded from an unsharded checkpoint.
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfscale import zero
-from tfscale import zero_layout
+from tfscale.zero import optimizer as zero
+from tfscale.zero import layout as zero_layout
 from tfscale.errors import ConfigError
 from tfscale.optim import Lamb
 from tfscale.optim.schedules import WarmupPolynomialDecay
@@ -370,7 +370,7 @@ def test_backup_and_restore_is_refused_with_the_state_sharded(tmp_path):
     one line naming the field and the way out. (The collectives stand in
     for a second worker: nothing reaches them before the refusal.)"""
     from tfscale.errors import ConfigError
-    from tfscale.trainer import TrainConfig, Trainer
+    from tfscale.trainer.loop import TrainConfig, Trainer
 
     class TwoWorkers:
         name, reduces_metrics, abort = "stand-in", False, None

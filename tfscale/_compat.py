@@ -2,7 +2,7 @@
 
 Everything in tfscale that touches a private TensorFlow or Keras name does it
 here or, for Keras's callbacks (TensorBoard, BackupAndRestore), in
-`_compat_callbacks.py`, so an upgrade has two files to check. Each shim is gated on the versions
+`keras/callbacks.py`, so an upgrade has two files to check. Each shim is gated on the versions
 it was verified against (`CHECKED_WITH`: TensorFlow 2.21, Keras 3.15): on
 others it still runs, since a private name often survives a release, but the
 first call logs one warning naming the shim, so that a failure after an
@@ -37,7 +37,7 @@ _warned = set()  # shims that said so once
 def shim(fn):
     """Marks `fn` as a shim checked with `CHECKED_WITH`: on other versions
     its first call logs which shim to suspect."""
-    name = f"{fn.__module__.rsplit('.', 1)[-1]}.{fn.__name__}"
+    name = f"{fn.__module__.removeprefix('tfscale.')}.{fn.__name__}"
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
@@ -135,7 +135,7 @@ def fix_keras_multi_worker_bugs():
       * `reduce_per_replica` reduces scalar logs with `axis=0`, which fails
         for a rank-0 value under MWMS. Scalars are reduced with `axis=None`.
 
-    Called by `tfscale.enable_multi_worker_fit` (keras_fit.py), which adds
+    Called by `tfscale.enable_multi_worker_fit` (keras/multi_worker_fit.py), which adds
     what a correct multi-worker `fit` needs beyond these two fixes.
     Idempotent.
 

@@ -21,7 +21,7 @@ from absl import app, flags
 # Lines TensorFlow prints while it loads and looks for GPUs. On a host with
 # no NVIDIA device they say nothing ("failed call to cuInit: ... CUDA error"
 # reads as a failure), so a quiet run drops them there.
-from launch.constants import CPU_HOST_NOISE
+from tfscale.cluster.contract import CPU_HOST_NOISE
 
 
 class _NoTensorFlowInfo(logging.Filter):
@@ -83,7 +83,7 @@ def run_job(program: str, job: Callable, config) -> None:
     schedulers restart the job); any other error, its traceback and exit 1.
     """
     from tfscale.jobs import JobError
-    from tfscale.preemption import Preempted
+    from tfscale.resume.preemption import Preempted
     raise_open_file_limit()
     try:
         job(config)
@@ -96,7 +96,7 @@ def run_job(program: str, job: Callable, config) -> None:
         print(f"{program}: {e}", file=sys.stderr)
         leave(e.code)
     except Exception as e:  # noqa: BLE001 - reported, then the same fast exit
-        from tfscale.fail_fast import error_line
+        from tfscale.cluster.fail_fast import error_line
         traceback.print_exc()
         print(f"{program}: error: {error_line(type(e), e)}", file=sys.stderr)
         leave(1)
@@ -241,7 +241,7 @@ def raise_open_file_limit() -> int:
 
 def leave(code: int) -> None:
     """Exits once everything written is flushed and closed, without
-    tearing TensorFlow down (`tfscale.fail_fast.leave`).
+    tearing TensorFlow down (`tfscale.cluster.fail_fast.leave`).
 
     Python's normal exit joins every non-daemon thread and runs TensorFlow's
     destructors; in TF 2.21 a finished tf.data iterator's deletion can block
@@ -254,46 +254,5 @@ def leave(code: int) -> None:
     rank aborts the job instead of finalizing, so its peers do not wait for
     it in their next collective.
     """
-    from tfscale import fail_fast
+    from tfscale.cluster import fail_fast
     fail_fast.leave(code)
-
-
-def define_noise_scale_flags(flags, default_groups: str = "", **kwargs
-                             ) -> None:
-    """The gradient noise scale flags of an entry point (`kwargs`: its
-    `module_name` section); `default_groups` as --noise_scale_groups."""
-    flags.DEFINE_enum(
-        "noise_scale", "plain", ["plain", "preconditioned", "off"],
-        "Measure the gradient noise scale B_simple (the batch at which the "
-        "gradient's noise equals its signal; docs/batch-size.md) in every "
-        "step, at no extra collective: plain, preconditioned (Adam/LAMB: "
-        "gradients over sqrt(v_hat)+eps) or off. Needs >= 2 micro-batches "
-        "per step (workers x accumulation).",
-        **kwargs)
-    flags.DEFINE_float(
-        "noise_scale_decay", 0.99, "Moving-average decay of the noise "
-        "scale's estimates (window about 1/(1-decay) steps).", **kwargs)
-    flags.DEFINE_string(
-        "noise_scale_groups", default_groups, "Also measure per variable "
-        "group: name=regex[|regex],... on variable paths ('' : the whole "
-        "model only).", **kwargs)
-
-
-def noise_scale_from_flags(flags_values):
-    """A `NoiseScaleConfig` from `define_noise_scale_flags`' flags.
-
-    Raises:
-        ValueError: "--noise_scale...: ..." naming the flag at fault.
-    """
-    from tfscale import noise_scale
-    try:
-        groups = noise_scale.parse_groups(flags_values.noise_scale_groups)
-    except ValueError as e:
-        raise ValueError(f"--noise_scale_groups: {e}") from None
-    try:
-        return noise_scale.NoiseScaleConfig(
-            mode=flags_values.noise_scale,
-            decay=flags_values.noise_scale_decay, groups=groups)
-    except ValueError as e:
-        raise ValueError(f"--noise_scale: {e}") from None
-

@@ -2,8 +2,8 @@
 numerics, model, optimizer) and after it (loss, throughput, checkpoint,
 the noise scale's advice, AdaScale, evaluation)."""
 
-from tfscale import noise_advice
-from tfscale.cluster import ClusterConfig
+from tfscale.noise import advice as noise_advice
+from tfscale.cluster.environment import ClusterConfig
 from tfscale.train_config import TrainConfig
 
 

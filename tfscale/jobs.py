@@ -30,19 +30,19 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import keras
 import tensorflow as tf
 
-from tfscale import checkpointing
-from tfscale import cluster as cluster_lib
-from tfscale import strategies
-from tfscale import collectives
+from tfscale.resume import checkpoints as checkpointing
+from tfscale.cluster import environment as cluster_lib
+from tfscale.cluster import strategies
+from tfscale.cluster import collectives
 from tfscale import job_lines
 from tfscale import xla_flags
 from tfscale import precision as precision_lib
-from tfscale.cluster import ClusterConfig
+from tfscale.cluster.environment import ClusterConfig
 from tfscale.errors import FLAG_OF_FIELD, ConfigError
 from tfscale.optim import OptimConfig, make_optimizer
-from tfscale.timing import IntervalLog
+from tfscale.trainer.timing import IntervalHistory
 from tfscale.train_config import TrainConfig
-from tfscale.trainer import Trainer
+from tfscale.trainer.loop import Trainer
 
 
 class JobError(Exception):
@@ -263,7 +263,7 @@ def run(task: Task) -> dict:
         model=built.model, optimizer=optimizer, loss_fn=built.loss_fn,
         strategy=strategy, metrics=list(built.metrics),
         cluster=config.cluster, train=config.train)
-    if built.optimizer is None:  # compared on a resume (`run_position.py`)
+    if built.optimizer is None:  # compared on a resume (`resume/position.py`)
         trainer.position.settings["learning rate"] = config.optim.learning_rate
     speaks = info.is_chief and config.train.verbose > 0
     if speaks:
@@ -274,7 +274,7 @@ def run(task: Task) -> dict:
     initial = _initial_weights(task, trainer, built.model)
     if initial and speaks:
         print(f"tfscale: model weights from {initial}", flush=True)
-    intervals = IntervalLog()
+    intervals = IntervalHistory()
     if config.do_train:
         with task.reading(training=True):
             intervals = fit(
@@ -406,7 +406,7 @@ class ProfileSteps(keras.callbacks.Callback):
 
 def fit(trainer: Trainer, dataset_fn, steps: int, output_dir: str,
         profile_steps: Optional[Tuple[int, int]] = None,
-        callbacks: Sequence[keras.callbacks.Callback] = ()) -> IntervalLog:
+        callbacks: Sequence[keras.callbacks.Callback] = ()) -> IntervalHistory:
     """Trains to `steps` (resuming from the latest checkpoint) with the
     interval log, TerminateOnNaN and TensorBoard in `output_dir`, then
     `callbacks`.
@@ -415,7 +415,7 @@ def fit(trainer: Trainer, dataset_fn, steps: int, output_dir: str,
         JobError: The checkpoint in output_dir does not fit (--output_dir).
         InputPipelineError: The records failed (callers name the record).
     """
-    intervals = IntervalLog()
+    intervals = IntervalHistory()
     board = os.path.join(output_dir, "tensorboard")
     callbacks = [intervals, keras.callbacks.TerminateOnNaN(),
                  keras.callbacks.TensorBoard(
@@ -432,7 +432,7 @@ def fit(trainer: Trainer, dataset_fn, steps: int, output_dir: str,
 
 
 def run_results(trainer: Trainer, info, backend: str, wall_seconds: float,
-                intervals: IntervalLog) -> dict:
+                intervals: IntervalHistory) -> dict:
     """What summary.json holds about the training part of a run."""
     return {"steps": int(trainer.step.numpy()),
             "global_batch_size": trainer.config.global_batch_size,

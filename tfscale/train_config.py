@@ -7,7 +7,7 @@ from typing import Optional
 from tfscale import precision as precision_lib
 from tfscale import xla_flags
 from tfscale.errors import ConfigError
-from tfscale.noise_scale import NoiseScaleConfig
+from tfscale.noise.scale import NoiseScaleConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,7 +19,7 @@ class TrainConfig:
             accumulation micro-batches.
         num_accumulation_steps: Micro-batches per optimizer step.
         jit_compile: XLA-compile the forward/backward (with one replica per
-            worker, the whole step: `step.py`). None: auto, on where the
+            worker, the whole step: `step/train_step.py`). None: auto, on where the
             strategy's devices are all GPUs (`resolve_auto`).
         compile_update: XLA-compile, also without `jit_compile`, what
             holds no matmul: the work after the all-reduce (loss-scale
@@ -57,7 +57,7 @@ class TrainConfig:
             others run `steps_per_execution` at a time.
         verbose: 0 silent, 1 progress bar, 2 one line per log interval (the
             chief only in every case).
-        shard_optimizer_state: ZeRO stage 1 (`zero.py`): each of N workers
+        shard_optimizer_state: ZeRO stage 1 (`zero/optimizer.py`): each of N workers
             keeps the optimizer slots of 1/N of the weights; gradients are
             reduce-scattered and the new weights all-gathered (no more
             bytes than the all-reduce). SGD, Adam/AdamW and LAMB; one
@@ -65,7 +65,7 @@ class TrainConfig:
             unsharded layout (resume on any worker count, either way).
         noise_scale: How the gradient noise scale (the critical batch
             estimate) is measured in the step; `NoiseScaleConfig(mode="off")`
-            switches it off. See `noise_scale.py`.
+            switches it off. See `noise/scale.py`.
         fail_fast: With several workers, an uncaught exception ends this
             worker at once (`fail_fast.install`, a `sys.excepthook` for the
             rest of the process), so its peers fail at once too. False:

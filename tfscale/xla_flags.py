@@ -2,7 +2,7 @@
 XLA_FLAGS for it: XLA's GEMMs on cuBLAS, its autotuning cached.
 
 `--xla` is auto by default: on where the worker's devices are GPUs (the
-BERT-base step is one XLA program there, `step.py`), off on CPUs, where
+BERT-base step is one XLA program there, `step/train_step.py`), off on CPUs, where
 XLA's CPU code is slower for BERT than TensorFlow's oneDNN kernels
 (benchmarks/README.md); `--xla` and `--noxla` force it.
 

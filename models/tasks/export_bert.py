@@ -34,7 +34,7 @@ def main(argv):
     if len(argv) > 1:
         sys.exit(f"export_bert: error: unexpected arguments {argv[1:]}")
     from models import bert, bert_checkpoints, bert_config, bert_export
-    from tfscale import checkpointing
+    from tfscale.resume import checkpoints as checkpointing
     try:
         config = bert_config.BertConfig.from_json_file(FLAGS.bert_config_file)
     except (ValueError, OSError) as e:

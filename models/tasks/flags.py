@@ -218,7 +218,7 @@ def define_cluster_flags(flags, **kwargs) -> None:
 def cluster_from_flags(values, backend: str):
     """A `ClusterConfig` from `define_cluster_flags`' flags (`backend`: the
     entry point's reading of --backend and its aliases)."""
-    from tfscale.cluster import ClusterConfig
+    from tfscale.cluster.environment import ClusterConfig
     return ClusterConfig(
         backend=backend, all_reduce_alg=values.all_reduce_alg,
         bytes_per_pack=values.bytes_per_pack,
@@ -235,7 +235,6 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
     (Google's `iterations_per_loop`), so the host reads the device once per
     interval. `more` may give `global_batch_size` when the entry point
     reads --train_batch_size otherwise (NVIDIA's batch per rank)."""
-    from tfscale.cli import noise_scale_from_flags
     from tfscale.train_config import TrainConfig
     more.setdefault("global_batch_size", values.train_batch_size)
     return TrainConfig(
@@ -263,3 +262,44 @@ def train_records_from_flags(values, input_files, order: str, service):
         deterministic=values.deterministic, seed=values.seed,
         skip_corrupt=values.skip_corrupt_records, order=order,
         service=service)
+
+
+def define_noise_scale_flags(flags, default_groups: str = "", **kwargs
+                             ) -> None:
+    """The gradient noise scale flags of an entry point (`kwargs`: its
+    `module_name` section); `default_groups` as --noise_scale_groups."""
+    flags.DEFINE_enum(
+        "noise_scale", "plain", ["plain", "preconditioned", "off"],
+        "Measure the gradient noise scale B_simple (the batch at which the "
+        "gradient's noise equals its signal; docs/batch-size.md) in every "
+        "step, at no extra collective: plain, preconditioned (Adam/LAMB: "
+        "gradients over sqrt(v_hat)+eps) or off. Needs >= 2 micro-batches "
+        "per step (workers x accumulation).",
+        **kwargs)
+    flags.DEFINE_float(
+        "noise_scale_decay", 0.99, "Moving-average decay of the noise "
+        "scale's estimates (window about 1/(1-decay) steps).", **kwargs)
+    flags.DEFINE_string(
+        "noise_scale_groups", default_groups, "Also measure per variable "
+        "group: name=regex[|regex],... on variable paths ('' : the whole "
+        "model only).", **kwargs)
+
+
+def noise_scale_from_flags(flags_values):
+    """A `NoiseScaleConfig` from `define_noise_scale_flags`' flags.
+
+    Raises:
+        ValueError: "--noise_scale...: ..." naming the flag at fault.
+    """
+    from tfscale.noise import scale as noise_scale
+    try:
+        groups = noise_scale.parse_groups(flags_values.noise_scale_groups)
+    except ValueError as e:
+        raise ValueError(f"--noise_scale_groups: {e}") from None
+    try:
+        return noise_scale.NoiseScaleConfig(
+            mode=flags_values.noise_scale,
+            decay=flags_values.noise_scale_decay, groups=groups)
+    except ValueError as e:
+        raise ValueError(f"--noise_scale: {e}") from None
+

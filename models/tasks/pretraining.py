@@ -25,7 +25,9 @@ from input_pipelines.bert_records import BertRecordSpec, IdLimits
 from models import bert, bert_checkpoints, bert_export
 from models.bert_config import BertConfig
 from models.tasks.records import RecordsJobConfig, RecordsTask
-from tfscale import checkpointing, dllogger, jobs
+from tfscale import jobs
+from models.tasks import dllogger
+from tfscale.resume import checkpoints as checkpointing
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 from input_pipelines import record_files, service, tfrecord
 from input_pipelines.tfrecord import TFRecordConfig
 from tfscale import jobs
-from tfscale.replica_feed import InputPipelineError
+from tfscale.step.feed import InputPipelineError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

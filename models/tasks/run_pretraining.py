@@ -24,10 +24,10 @@ from models.tasks import nvidia_flags
 from models.tasks.flags import (cluster_from_flags, data_service_from_flags,
                                 define_cluster_flags,
                                 define_data_service_flags, define_job_flags,
+                                define_noise_scale_flags,
                                 define_log_interval,
                                 train_from_flags, train_records_from_flags)
 from tfscale import cli
-from tfscale.cli import define_noise_scale_flags
 
 FLAGS = flags.FLAGS
 
@@ -137,7 +137,7 @@ def _backend():
 def _ranks(backend: str) -> int:
     """Worker processes in this job (Horovod's hvd.size()), from the
     environment the launcher set."""
-    from tfscale import cluster as cluster_lib
+    from tfscale.cluster import environment as cluster_lib
     try:
         return cluster_lib.resolve_cluster(
             slurm_port_base=FLAGS.slurm_port_base,

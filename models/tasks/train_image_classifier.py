@@ -23,10 +23,10 @@ from models.tasks import flags as flags_lib
 from models.tasks.flags import (cluster_from_flags, data_service_from_flags,
                                 define_cluster_flags,
                                 define_data_service_flags, define_job_flags,
+                                define_noise_scale_flags,
                                 define_log_interval, train_from_flags,
                                 train_records_from_flags)
 from tfscale import cli
-from tfscale.cli import define_noise_scale_flags
 
 FLAGS = flags.FLAGS
 

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfscale.trainer import TrainConfig, Trainer
+from tfscale.trainer.loop import TrainConfig, Trainer
 
 
 def main():

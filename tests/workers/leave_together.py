@@ -17,9 +17,9 @@ import tensorflow as tf  # noqa: E402
 
 from tfscale import cli  # noqa: E402
 from tfscale import _compat  # noqa: E402
-from tfscale import cluster as cluster_lib  # noqa: E402
-from tfscale import strategies  # noqa: E402
-from tfscale import collectives  # noqa: E402
+from tfscale.cluster import environment as cluster_lib  # noqa: E402
+from tfscale.cluster import strategies  # noqa: E402
+from tfscale.cluster import collectives  # noqa: E402
 
 
 def main():

@@ -20,8 +20,8 @@ import tensorflow as tf  # noqa: E402
 
 from input_pipelines import dataset_fns, tfrecord  # noqa: E402
 from tfscale import jobs  # noqa: E402
-from tfscale.cluster import ClusterConfig  # noqa: E402
-from tfscale.noise_scale import NoiseScaleConfig  # noqa: E402
+from tfscale.cluster.environment import ClusterConfig  # noqa: E402
+from tfscale.noise.scale import NoiseScaleConfig  # noqa: E402
 from tfscale.optim import OptimConfig  # noqa: E402
 from tfscale.train_config import TrainConfig  # noqa: E402
 

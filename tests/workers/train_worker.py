@@ -20,10 +20,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfscale import cluster as cluster_lib  # noqa: E402
-from tfscale import strategies  # noqa: E402
-from tfscale import collectives  # noqa: E402
-from tfscale import trainer as trainer_lib  # noqa: E402
+from tfscale.cluster import environment as cluster_lib  # noqa: E402
+from tfscale.cluster import strategies  # noqa: E402
+from tfscale.cluster import collectives  # noqa: E402
+from tfscale.trainer import loop as trainer_lib  # noqa: E402
 from tfscale.optim import Lamb  # noqa: E402
 
 

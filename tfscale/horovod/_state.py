@@ -12,9 +12,10 @@ import dataclasses
 import threading
 from typing import Optional
 
-from tfscale import _compat, cluster
-from tfscale import fail_fast
-from tfscale import strategies
+from tfscale import _compat
+from tfscale.cluster import environment as cluster
+from tfscale.cluster import fail_fast
+from tfscale.cluster import strategies
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 CHECKS = ("every", "first")
@@ -56,7 +57,7 @@ def init(comm=None, process_sets=None) -> None:
 
     Raises:
         NotImplementedError: `process_sets` or a list of ranks as `comm`.
-        tfscale.cluster.ClusterError: The launcher's environment is
+        tfscale.cluster.environment.ClusterError: The launcher's environment is
             malformed (e.g. plain `srun` without `--mpi=pmix`).
         ImportError: Started by an MPI launcher but mpi4py is missing.
     """
@@ -80,7 +81,7 @@ def init(comm=None, process_sets=None) -> None:
         _state = State(rank=0, size=1, local_rank=0, local_size=1,
                        cross_rank=0, cross_size=1, homogeneous=True)
         return
-    from tfscale import mpi as mpi_lib
+    from tfscale.cluster import mpi as mpi_lib
     timeout = cluster.environment_seconds("HOROVOD_START_TIMEOUT")
     # MPI_Init itself waits for every rank (holding the GIL): a watchdog
     # process ends this rank with one line if they are not all there in

@@ -8,7 +8,7 @@ the gain
 
 var being the gradient variance at the reference batch (tr(Sigma) / B_ref)
 and sqr the squared norm of the true gradient (|G|^2); both come from the
-Trainer's gradient noise scale (`tfscale/noise_scale.py`), as fairscale's
+Trainer's gradient noise scale (`tfscale/noise/scale.py`), as fairscale's
 AdaScale takes them from its workers' gradients. The gain is 1 until the
 noise scale's window has filled (its log line says "warming up"), so the
 first window of steps walks the schedule one reference step each, then the

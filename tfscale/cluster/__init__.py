@@ -1,0 +1,31 @@
+"""Where this process sits and how the workers talk: the cluster layer.
+
+    environment.py   TF_CONFIG, SLURM and MPI's variables -> ClusterConfig,
+                     ClusterInfo (the only reader of the cluster environment)
+    strategies.py    the tf.distribute strategy for a resolved cluster
+    collectives.py   how workers sum and agree: one object per backend
+    mpi.py           the MPI backend (mpi4py's Allreduce)
+    fail_fast.py     one failed worker ends the job at once
+    watchdog.py      the start-up watchdog process
+    contract.py      names the launchers and workers agree on (imports nothing)
+
+It imports only `tfscale.errors` and `tfscale._compat` from the engine.
+Importing the package loads no TensorFlow: `ClusterConfig`, `ClusterInfo`,
+`ClusterError` and `resolve_cluster` load `environment.py` on first use.
+"""
+
+
+import importlib
+
+_EXPORTS = {
+    "ClusterConfig": "tfscale.cluster.environment",
+    "ClusterInfo": "tfscale.cluster.environment",
+    "ClusterError": "tfscale.cluster.environment",
+    "resolve_cluster": "tfscale.cluster.environment",
+}
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,0 +1,153 @@
+"""The strategy for a resolved cluster, and what a strategy says about it.
+
+`cluster/environment.py` reads where this process sits (TF_CONFIG, SLURM, MPI) into a
+`ClusterInfo`; this module turns that into a `tf.distribute` strategy (or
+the MPI backend's single-replica one, `mpi.py`) and reads a strategy's
+chief, worker count and index back.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+
+from tfscale.cluster import mpi
+from tfscale.cluster.environment import ClusterConfig, ClusterError, ClusterInfo
+
+
+def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
+    """Builds the strategy for this process.
+
+    Args:
+        info: Where this process sits (from `resolve_cluster`).
+        config: Communication settings.
+        devices: Single-worker only: devices to mirror over (default: all
+            local GPUs, else the CPU).
+
+    Returns:
+        Backend "mpi": this rank's single-replica strategy (its local GPU or
+        the CPU). Otherwise a `MultiWorkerMirroredStrategy` when there is
+        more than one worker, else a `MirroredStrategy` over the local
+        devices.
+
+    Raises:
+        ClusterError: This worker's port is already in use; MPI's rank or
+            size disagrees with the environment.
+    """
+    import tensorflow as tf
+
+    if config.backend == "mpi":
+        comm = mpi.import_mpi().COMM_WORLD
+        if (comm.rank, comm.size) != (info.worker_index, info.num_workers):
+            raise ClusterError(
+                f"MPI says rank {comm.rank} of {comm.size}, the environment "
+                f"rank {info.worker_index} of {info.num_workers}: is mpi4py "
+                "built against the MPI that started this process?")
+        return mpi.make_strategy()
+    if info.num_workers == 1:
+        if devices is None:
+            gpus = tf.config.list_logical_devices("GPU")
+            devices = [d.name for d in gpus] or ["/cpu:0"]
+        return tf.distribute.MirroredStrategy(devices)
+
+    check_own_port(info)
+    options = communication_options(config)
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(dict(info.cluster)), task_type=info.task_type,
+        task_id=info.task_index, rpc_layer="grpc")
+    with StartupWatchdog(info, config.connect_timeout_seconds):
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver, communication_options=options)
+        # The first collective proves every peer is up and reachable.
+        tf.function(lambda: strategy.reduce(
+            tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)),
+            axis=None))()
+    return strategy
+
+
+def check_own_port(info: ClusterInfo) -> None:
+    """Raises ClusterError if this worker's port is taken.
+
+    TensorFlow only says "Could not start gRPC server" in a traceback.
+    """
+    host, _, port = info.address.rpartition(":")
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # Ports in TIME_WAIT (a restarted worker) are fine; a listener is not.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(("" if host not in ("127.0.0.1", "localhost") else host,
+                    int(port)))
+    except OSError as e:
+        raise ClusterError(
+            f"worker {info.worker_index}: cannot listen on {info.address} "
+            f"({e.strerror or e})") from None
+    finally:
+        probe.close()
+
+
+def communication_options(config: ClusterConfig):
+    """The `CommunicationOptions` for the Trainer's gradient all-reduce."""
+    import tensorflow as tf
+    implementation = getattr(
+        tf.distribute.experimental.CommunicationImplementation,
+        config.all_reduce_alg.upper())
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=config.bytes_per_pack,
+        timeout_seconds=config.collective_timeout_seconds,
+        implementation=implementation)
+
+
+class StartupWatchdog:
+    """Kills this process if cluster start-up takes longer than a limit.
+
+    TensorFlow waits forever for a peer that never comes up, holding the GIL
+    (so no Python thread or signal handler of ours can act) and ignoring
+    SIGTERM. A small watchdog process (`watchdog.py`) waits on a pipe; if the
+    `with` block has not ended within `timeout` seconds, it prints which peers
+    do not accept connections and SIGKILLs this process.
+    """
+
+    def __init__(self, info: ClusterInfo, timeout: float,
+                 who: str = "worker"):
+        self._info = info
+        self._timeout = timeout
+        self._who = who
+        self._process = None
+
+    def __enter__(self):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                              "watchdog.py")
+        self._process = subprocess.Popen(
+            [sys.executable, script, str(os.getpid()), str(self._timeout),
+             f"{self._who} {self._info.worker_index}",
+             *self._info.peer_addresses],
+            stdin=subprocess.PIPE)
+        return self
+
+    def __exit__(self, *exc):
+        self._process.stdin.close()
+        self._process.wait()
+
+
+def chief_and_worker_count(strategy) -> tuple:
+    """(is_chief, num_workers) of this process under `strategy`."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    if not spec:
+        return True, 1
+    num_workers = len(spec.get("chief", ())) + len(spec.get("worker", ()))
+    if "chief" in spec:
+        return resolver.task_type == "chief", num_workers
+    return resolver.task_type == "worker" and resolver.task_id == 0, num_workers
+
+
+def worker_index(strategy) -> int:
+    """This process's index in [0, num_workers) under `strategy` (chief 0)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    if not spec:
+        return 0
+    chiefs = len(spec.get("chief", ()))
+    if resolver.task_type == "chief":
+        return 0
+    return chiefs + int(resolver.task_id)

@@ -1,0 +1,171 @@
+"""`model.fit` as a correct multi-worker citizen: `enable_multi_worker_fit()`.
+
+Keras 3's `fit` under MultiWorkerMirroredStrategy (MWMS) fails outright
+(docs/facts.md, facts 1 and 6) and, once it runs, still treats every worker as if
+it were alone. After `tfscale.enable_multi_worker_fit()`, a `fit` under MWMS:
+
+  * writes files on the chief only: `ModelCheckpoint`, `TensorBoard`,
+    `CSVLogger` and `BackupAndRestore` write into a private temporary
+    directory on the other workers (removed at the end), and every worker
+    restores from the chief's `BackupAndRestore` backup, so all resume from
+    the same weights and epoch;
+  * stops all workers when a callback sets `model.stop_training` on any
+    worker (one tiny all-reduce after each batch and epoch; a worker that
+    stopped alone would leave the others waiting in a collective);
+  * clips (`clipnorm`, `global_clipnorm`, `clipvalue`) after the all-reduce
+    (with several replicas on one worker too),
+    and decides a `LossScaleOptimizer`'s finite check on the reduced
+    gradients, the same on every worker (Keras clips each replica's partial
+    gradients, fact 8, and a worker whose local gradients overflow would
+    skip an all-reduce the others enter);
+  * commits `BackupAndRestore`'s backups atomically and durably
+    (`_compat_callbacks.atomic_backup`; with one replica too);
+  * prints progress on the chief only;
+  * makes an uncaught error on one worker end the job at once
+    (`fail_fast.py`), instead of leaving its peers in a collective.
+
+What it cannot make correct fails before training with one line that points
+to `tfscale.Trainer`: Keras's `gradient_accumulation_steps` (its
+accumulate-or-apply `cond` holds the all-reduce). With one replica, `fit` is
+left as Keras has it but for the atomic backups.
+"""
+
+import inspect
+import shutil
+import tempfile
+
+import keras
+import tensorflow as tf
+
+from tfscale import _compat
+from tfscale.keras import callback_files
+from tfscale.cluster import fail_fast
+from tfscale.cluster.strategies import chief_and_worker_count, worker_index
+from tfscale.cluster.collectives import StrategyCollectives
+
+
+def enable_multi_worker_fit() -> None:
+    """Makes `model.fit` work, and work correctly, under MWMS.
+
+    Call once before `fit` (idempotent). See the module docstring for what
+    changes; nothing changes for a single worker.
+
+    Raises:
+        RuntimeError: Keras is not a version the workarounds were verified
+            against.
+    """
+    _compat.fix_keras_multi_worker_bugs()
+    _compat.wrap_keras_fit(_multi_worker_fit)
+
+
+def _multi_worker_fit(fit, model, *args, **kwargs):
+    """Runs Keras's `fit` with the additions above when under MWMS."""
+    strategy = model.distribute_strategy
+    arguments = inspect.signature(fit).bind(model, *args, **kwargs).arguments
+    arguments.pop("self", None)
+    # Any replica count: a backup killed mid-write never breaks a restart.
+    callback_files.make_backups_atomic(arguments.get("callbacks") or [])
+    if strategy.num_replicas_in_sync == 1:
+        return fit(model, *args, **kwargs)
+    # Several replicas, on one worker or many: the gradient math.
+    _check_supported(model)
+    reduce_before_apply(model.optimizer)
+    is_chief, num_workers = chief_and_worker_count(strategy)
+    if num_workers == 1:
+        return fit(model, *args, **kwargs)
+    # Several workers: failures, files, stopping, output. An uncaught error
+    # on this worker ends the job at once (fail_fast.py).
+    fail_fast.install(f"worker {worker_index(strategy)}")
+    callbacks = list(arguments.get("callbacks") or [])
+    worker_dir = None
+    if not is_chief:
+        worker_dir = tempfile.mkdtemp(prefix="tfscale-worker-")
+        callback_files.route_writes(callbacks, worker_dir)
+        _route_backup_after_restore(callbacks, worker_dir)
+        arguments["verbose"] = 0
+    callbacks.append(AgreeOnStop(strategy))
+    arguments["callbacks"] = callbacks
+    try:
+        return fit(model, **arguments)
+    finally:
+        for callback in callbacks:
+            callback.__dict__.pop("on_train_begin", None)
+        if worker_dir:
+            shutil.rmtree(worker_dir, ignore_errors=True)
+
+
+def _check_supported(model) -> None:
+    optimizer = model.optimizer
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    for opt in (optimizer, inner):
+        steps = getattr(opt, "gradient_accumulation_steps", None)
+        if steps:
+            raise ValueError(
+                f"gradient_accumulation_steps={steps} is not supported by "
+                "model.fit under MultiWorkerMirroredStrategy (Keras puts the "
+                "all-reduce inside its accumulate-or-apply cond); use "
+                "tfscale.Trainer with TrainConfig(num_accumulation_steps="
+                f"{steps})")
+
+
+def _route_backup_after_restore(callbacks, worker_dir: str) -> None:
+    """On a non-chief worker, BackupAndRestore reads the chief's backup in
+    `on_train_begin`, then writes into `worker_dir`."""
+    for callback in callbacks:
+        if isinstance(callback, keras.callbacks.BackupAndRestore):
+            restore = callback.on_train_begin
+
+            def on_train_begin(logs=None, callback=callback, restore=restore):
+                restore(logs)
+                callback_files.route_backup_writes([callback], worker_dir)
+            callback.on_train_begin = on_train_begin
+
+
+def reduce_before_apply(optimizer) -> None:
+    """Makes `optimizer.apply` all-reduce the gradients first, when what it
+    does before its own all-reduce (clipping, a loss-scale finite check)
+    would otherwise see one replica's partial gradients. Idempotent."""
+    if getattr(optimizer, "_tfscale_reduces_first", False):
+        return
+    clips = any(getattr(optimizer, name, None) for name in
+                ("clipnorm", "global_clipnorm", "clipvalue"))
+    wrapped = hasattr(optimizer, "inner_optimizer")
+    if not (clips or wrapped):
+        return
+    _compat.disable_gradient_aggregation(optimizer)
+    apply = optimizer.apply
+
+    def apply_reduced(grads, trainable_variables=None):
+        context = tf.distribute.get_replica_context()
+        if context is not None:
+            present = [i for i, g in enumerate(grads) if g is not None]
+            reduced = context.all_reduce(
+                tf.distribute.ReduceOp.SUM,
+                [tf.convert_to_tensor(grads[i]) for i in present])
+            grads = list(grads)
+            for i, g in zip(present, reduced):
+                grads[i] = g
+        return apply(grads, trainable_variables)
+
+    optimizer.apply = apply_reduced
+    optimizer._tfscale_reduces_first = True
+
+
+class AgreeOnStop(keras.callbacks.Callback):
+    """Makes `model.stop_training` the same on every worker: set on any one,
+    set on all. Goes last in the callback list (after whatever may set it).
+    """
+
+    def __init__(self, strategy):
+        super().__init__()
+        self._collectives = StrategyCollectives(strategy)
+
+    def _agree(self):
+        flag = float(bool(self.model.stop_training))
+        self.model.stop_training = self._collectives.agree(flag) > 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._agree()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._agree()

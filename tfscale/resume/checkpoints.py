@@ -1,0 +1,365 @@
+"""The training state: what a checkpoint holds, how it is saved and restored.
+
+A training checkpoint is the whole run:
+
+    model        every model variable, trainable or not, under the names
+                 TensorFlow's object graph gives them (so
+                 `tf.train.Checkpoint(model=model).restore(path)` alone
+                 restores every weight);
+    model_extra  model weights that object graph cannot see (layers a
+                 subclassed model keeps in a plain list or dict), in
+                 `model.weights` order;
+    rng          the state of every Keras `SeedGenerator` in the model
+                 (Dropout's masks): Keras does not put them in the object
+                 graph, and without them a resumed run replays step 0's masks;
+    optimizer, step, loss_scale, metrics;
+    input_position  records the run has consumed: a positioned input (the
+                 global record order) resumes there, on any worker count;
+    input_order  what that position counts in (the record set and seed,
+                 `input_pipelines/record_order/identity.py`): a resume on
+                 other records or another seed starts the new order at its
+                 next epoch instead of in the middle of a different one;
+    input        for other inputs, one file per worker: the state of its
+                 tf.data iterator (file offsets, shuffle buffers, prefetched
+                 batches), so a resume on the same worker count neither
+                 re-reads nor skips a record;
+    noise_scale, adascale  the gradient noise scale's moving averages and
+                 AdaScale's gain and progress (`noise/scale.py`).
+
+The chief writes the main checkpoint; every worker writes its own input
+state under `input/worker-<i>-of-<n>/` in the same (shared) directory. Each
+worker writes its input state *before* a barrier and the chief updates the
+`checkpoint` index only after it, so a checkpoint is "latest" only when every
+worker's part is on disk: a checkpoint being written when a worker dies never
+becomes latest (TensorFlow also writes the index after the data files).
+
+Restoring checks every variable against the checkpoint first, and an
+incompatible checkpoint (another model size or vocabulary) is one error
+naming the first mismatched variable and both shapes, never a partial load.
+"""
+
+import os
+import shutil
+import tempfile
+from typing import Callable, Dict, List, Optional, Tuple
+
+import keras
+import tensorflow as tf
+from absl import logging
+from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+
+class RestoreError(ValueError):
+    """A checkpoint does not fit the objects it is restored into."""
+
+
+# ---- what the object graph sees ------------------------------------------------
+
+
+def _children(obj) -> Dict[str, object]:
+    return dict(tf.train.TrackableView.children(obj))
+
+
+def _variables_by_path(root, skip=()) -> Dict[Tuple[str, ...], object]:
+    """Every variable reachable from `root`, keyed by its object-graph path
+    (not looking inside objects of the types in `skip`)."""
+    found, seen = {}, set()
+    queue = [((), root)]
+    while queue:
+        path, obj = queue.pop(0)
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if _is_variable(obj):
+            found[path] = obj
+            continue
+        for name, child in _children(obj).items():
+            if not isinstance(child, skip):
+                queue.append((path + (name,), child))
+    return found
+
+
+def _is_variable(obj) -> bool:
+    return isinstance(obj, tf.Variable) or (
+        hasattr(obj, "_value") and hasattr(obj, "path") and
+        hasattr(obj, "assign") and hasattr(obj, "shape"))
+
+
+def unreachable_weights(model) -> list:
+    """Model weights that `tf.train.Checkpoint(model=model)` would not save.
+
+    Layers held in a plain Python list or dict of a subclassed Keras 3 model
+    are tracked by Keras but not by TensorFlow's object graph (docs/facts.md,
+    fact 14).
+    """
+    holder = tf.train.Checkpoint(model=model)
+    # Not through the optimizer (`compile` or the Trainer hang it on the
+    # model): it references the trainable variables, but a model restored
+    # without one would not find them there.
+    reachable = {id(v) for v in _variables_by_path(
+        holder, skip=(keras.optimizers.Optimizer,)).values()}
+    return [v for v in model.weights if id(v) not in reachable]
+
+
+def seed_states(model) -> list:
+    """The state variables of every Keras `SeedGenerator` in the model."""
+    weights = {id(v) for v in model.weights}
+    return [v for v in model.variables if id(v) not in weights]
+
+
+def _key(path) -> str:
+    return "/".join(path)
+
+
+# ---- checking a checkpoint before restoring it ---------------------------------
+
+
+def _checkpoint_graph(path: str):
+    try:
+        reader = tf.train.load_checkpoint(path)
+    except (tf.errors.OpError, ValueError):
+        raise RestoreError(f"no checkpoint at {path}") from None
+    if not reader.has_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"):
+        raise RestoreError(
+            f"{path} is a name-based (TF1) checkpoint, such as Google's "
+            f"bert_model.ckpt; tfscale reads object-based (TF2) checkpoints "
+            f"only")
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    return graph, reader.get_variable_to_shape_map()
+
+
+def checkpoint_step(path: Optional[str]) -> int:
+    """The training step a tfscale checkpoint was written at (0 if none)."""
+    if not path:
+        return 0
+    reader = tf.train.load_checkpoint(path)
+    key = "step/.ATTRIBUTES/VARIABLE_VALUE"
+    return int(reader.get_tensor(key)) if reader.has_tensor(key) else 0
+
+
+def check_restorable(root, path: str, *, optional: Tuple[str, ...] = ()):
+    """Raises RestoreError unless every variable under `root` is in the
+    checkpoint at `path` with the same shape.
+
+    Args:
+        root: The object restored into (e.g. a `tf.train.Checkpoint`).
+        path: A checkpoint prefix.
+        optional: Top-level names that may be absent from the checkpoint.
+    """
+    graph, shapes = _checkpoint_graph(path)
+    for var_path, variable in _variables_by_path(root).items():
+        node = graph.nodes[0]
+        missing = False
+        for name in var_path:
+            ids = {c.local_name: c.node_id for c in node.children}
+            if name not in ids:
+                missing = True
+                break
+            node = graph.nodes[ids[name]]
+        if missing:
+            if var_path[0] in optional:
+                continue
+            raise RestoreError(
+                f"checkpoint {path} has no value for {_key(var_path)} "
+                f"(shape {list(variable.shape)}): it was written by another "
+                f"model")
+        keys = [a.checkpoint_key for a in node.attributes
+                if a.name == "VARIABLE_VALUE"]
+        if keys and keys[0] in shapes and list(shapes[keys[0]]) != list(
+                variable.shape):
+            raise RestoreError(
+                f"checkpoint {path}: {_key(var_path)} has shape "
+                f"{list(shapes[keys[0]])} in the checkpoint but "
+                f"{list(variable.shape)} in the model")
+
+
+def restore_model(model, path: str) -> str:
+    """Restores every weight of `model` from a training checkpoint (or a
+    checkpoint of `tf.train.Checkpoint(model=...)`).
+
+    `path` may be a checkpoint prefix or a directory (its latest checkpoint).
+
+    Raises:
+        RestoreError: No checkpoint there, or it does not fit the model.
+    """
+    if tf.io.gfile.isdir(path):
+        latest = tf.train.latest_checkpoint(path)
+        if latest is None:
+            raise RestoreError(f"no checkpoint in directory {path}")
+        path = latest
+    holder = tf.train.Checkpoint(model=model)
+    check_restorable(holder, path)
+    holder.restore(path).expect_partial().assert_existing_objects_matched()
+    return path
+
+
+# ---- the keeper ------------------------------------------------------------------
+
+
+def input_dir(directory: str, worker_index: int, num_workers: int) -> str:
+    return os.path.join(directory, "input",
+                        f"worker-{worker_index}-of-{num_workers}")
+
+
+class CheckpointKeeper:
+    """Saves and restores the whole training state.
+
+    Args:
+        directory: The chief's checkpoint directory (shared by all workers).
+        is_chief: Whether this worker writes the main checkpoint.
+        worker_index: This worker's index.
+        num_workers: Number of workers.
+        barrier_fn: Called by every worker between writing its input state
+            and the main checkpoint (a collective); None with one worker.
+        max_to_keep: How many checkpoints to keep.
+        **trackables: The main checkpoint's contents (model=..., ...).
+    """
+
+    def __init__(self, directory: str, *, is_chief: bool, worker_index: int = 0,
+                 num_workers: int = 1, barrier_fn: Optional[Callable] = None,
+                 max_to_keep: int = 5, **trackables):
+        self.directory = directory
+        self._checkpoint = tf.train.Checkpoint(**trackables)
+        self._is_chief = is_chief
+        self._barrier_fn = barrier_fn
+        self._max_to_keep = max_to_keep
+        self._input_dir = input_dir(directory, worker_index, num_workers)
+        self._input_manager = None
+        self._input_checkpoint = None
+        if is_chief:
+            write_dir = directory
+            self._private_dir = None
+        else:
+            self._private_dir = tempfile.mkdtemp(prefix="tfscale-ckpt-")
+            write_dir = self._private_dir
+        self._manager = tf.train.CheckpointManager(
+            self._checkpoint, write_dir, max_to_keep=max_to_keep)
+
+    @property
+    def latest(self) -> Optional[str]:
+        """The newest complete checkpoint in the chief's directory."""
+        return tf.train.latest_checkpoint(self.directory)
+
+    def restore_latest(self) -> Optional[str]:
+        """Restores the newest checkpoint, if any; returns its path.
+
+        Raises:
+            RestoreError: The checkpoint does not fit (another model).
+        """
+        path = self.latest
+        if path:
+            check_restorable(self._checkpoint, path,
+                             optional=("loss_scale", "metrics", "rng",
+                                       "model_extra", "input_position",
+                                       "input_order", "run_settings",
+                                       "noise_scale", "adascale"))
+            self._checkpoint.restore(path).expect_partial()
+        return path
+
+    def track_input(self, iterator) -> None:
+        """This worker's tf.data iterator, saved with every checkpoint."""
+        self._input_checkpoint = tf.train.Checkpoint(iterator=iterator)
+        self._input_manager = tf.train.CheckpointManager(
+            self._input_checkpoint, self._input_dir,
+            max_to_keep=self._max_to_keep)
+
+    def untrack_input(self) -> None:
+        """Forgets the iterator after `fit` (the feed then deletes it)."""
+        self._input_checkpoint = None
+        self._input_manager = None
+
+    def restore_input(self, step: int) -> Optional[str]:
+        """Restores this worker's input position saved at `step`.
+
+        Returns:
+            The input checkpoint's path, or None when there is none for this
+            worker count (first start, another worker count, or a run
+            restored from BackupAndRestore): the input then starts over.
+
+        Raises:
+            RestoreError: The saved state does not fit this input pipeline.
+        """
+        prefix = os.path.join(self._input_dir, f"ckpt-{step}")
+        if self._input_checkpoint is None or not tf.io.gfile.exists(
+                prefix + ".index"):
+            return None
+        try:
+            self._input_checkpoint.restore(prefix).assert_consumed()
+        except (tf.errors.OpError, AssertionError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise RestoreError(
+                f"input state {prefix} does not fit this input pipeline "
+                f"({type(e).__name__}: {first[:200]}); remove "
+                f"{os.path.dirname(self._input_dir)} to start the input "
+                f"over") from None
+        return prefix
+
+    def save(self, step: int) -> Optional[str]:
+        """Saves at `step` (every worker calls it); returns the chief's path.
+
+        Order: input state (every worker) -> barrier -> main checkpoint
+        (the chief's index is updated last).
+        """
+        if self._input_manager is not None:
+            self._input_manager.save(checkpoint_number=step)
+        if self._barrier_fn is not None:
+            self._barrier_fn()
+        path = self._manager.save(checkpoint_number=step)
+        return path if self._is_chief else None
+
+    def close(self):
+        if self._private_dir:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+
+
+def training_trackables(model, optimizer, step, *, loss_scale=None,
+                        metrics=(), input_position=None,
+                        input_order=None, run_settings=None,
+                        noise_scale=None, adascale=None) -> dict:
+    """What a training checkpoint holds (see the module docstring)."""
+    trackables = dict(model=model, optimizer=optimizer, step=step)
+    # The gradient noise scale's EMAs and AdaScale's gain and progress
+    # ({name: variable}): a resume continues them.
+    for name, value in (("noise_scale", noise_scale),
+                        ("adascale", adascale)):
+        if value:
+            trackables[name] = dict(value)
+    if input_position is not None:
+        trackables["input_position"] = input_position
+    if input_order is not None:
+        trackables["input_order"] = input_order
+    if run_settings is not None:
+        trackables["run_settings"] = run_settings
+    extra = unreachable_weights(model)
+    if extra:
+        names = ", ".join(v.path for v in extra[:3])
+        logging.warning(
+            "tfscale: %d model weight(s) are invisible to TensorFlow's "
+            "checkpoint object graph (layers kept in a plain list or dict?), "
+            "e.g. %s; the training checkpoint tracks them by path, but "
+            "tf.train.Checkpoint(model=model) alone will not restore them: "
+            "assign each layer to its own attribute", len(extra), names)
+        # By position in `model.weights`: Keras paths carry process-wide
+        # uniquified names (dense_2), which need not match on restore.
+        trackables["model_extra"] = list(extra)
+    rng = seed_states(model)
+    if rng:
+        trackables["rng"] = list(rng)
+    metric_variables = [v for m in metrics for v in m.variables]
+    if metric_variables:
+        trackables["metrics"] = metric_variables
+    if loss_scale is not None:
+        trackables["loss_scale"] = loss_scale
+    return trackables
+
+
+def input_state_steps(directory: str, worker_index: int,
+                      num_workers: int) -> List[int]:
+    """Steps at which this worker's input state was saved (for tests/tools)."""
+    prefix = os.path.join(input_dir(directory, worker_index, num_workers),
+                          "ckpt-")
+    steps = []
+    for name in tf.io.gfile.glob(prefix + "*.index"):
+        steps.append(int(name[len(prefix):-len(".index")]))
+    return sorted(steps)

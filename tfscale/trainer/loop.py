@@ -1,0 +1,451 @@
+"""`Trainer`: a `fit`-like loop for any Keras 3 model under any strategy.
+
+Keras 3's `model.fit` fails under MultiWorkerMirroredStrategy (docs/facts.md, fact
+1) and lacks what large-scale training needs (facts 7-11). The Trainer keeps
+`fit`'s contract (a dataset, epochs, steps, standard `keras.callbacks`) and
+adds: one all-reduce per optimizer step with gradient accumulation, clipping
+after the all-reduce, XLA for the forward/backward on any device, fp16 loss
+scaling, chief-only files, checkpoints that hold the whole run (model, RNG
+states, optimizer, input position: see `resume/checkpoints.py`) with automatic
+and exact resume, preemption (SIGTERM -> agreed step -> checkpoint -> exit
+143, see `preemption.py`), and a per-step time split (input wait, compute,
+gradient sync, update).
+
+The math lives in `step/train_step.py`; this file is the loop around it. Where a fit
+starts and what a save writes: `resume/start.py`; where the run is:
+`resume/position.py`; evaluation: `evaluation.py`; a log interval:
+`reporting.py`; what a worker holds and sends: `memory.py`; what it says
+to a person: `console.py`.
+"""
+
+import shutil
+import tempfile
+from typing import Callable, Optional, Sequence
+
+import keras
+import tensorflow as tf
+
+from tfscale.keras import callback_files
+from tfscale.trainer import console
+from tfscale.trainer import evaluation
+from tfscale.keras import fit_arguments
+from tfscale.trainer import memory
+from tfscale.trainer import parts as trainer_parts
+from tfscale.keras.callbacks import continue_tensorboard_steps
+from tfscale.resume.preemption import Preempted, SignalWatch
+from tfscale.trainer.reporting import IntervalReport
+from tfscale.trainer.timing import StepTimer
+from tfscale.train_config import TrainConfig, resolve_auto
+
+
+class Trainer:
+    """Trains a Keras 3 model under a `tf.distribute` strategy.
+
+    Args:
+        model: A built Keras 3 model, created under `strategy.scope()`.
+        optimizer: Its optimizer, created under `strategy.scope()`.
+        loss_fn: `keras.losses.Loss` or `fn(y_true, y_pred)` returning one
+            loss per example.
+        strategy: The strategy (from `tfscale.cluster.strategies.make_strategy`, or any
+            `MirroredStrategy` / `MultiWorkerMirroredStrategy`; with backend
+            "mpi", a single-replica one such as `tfscale.cluster.mpi.make_strategy()`).
+        config: A `TrainConfig`.
+        metrics: Keras metrics, created under `strategy.scope()`.
+        backend: How workers sum gradients: "mwms" (default: the
+            strategy's collectives, gRPC on CPUs, NCCL on GPUs) or "mpi"
+            (`MPI.Allreduce` between processes started by mpirun,
+            `launch.local --backend mpi` or `srun --mpi=pmix`; see
+            `tfscale/cluster/mpi.py`); or a collectives object (`collectives.py`).
+
+    Raises:
+        ValueError: The global batch does not divide into replicas x
+            accumulation steps.
+
+    Example:
+        with strategy.scope():
+            model = make_model(); optimizer = keras.optimizers.SGD(0.1)
+        trainer = Trainer(model=model, optimizer=optimizer,
+                          loss_fn=keras.losses.MeanSquaredError(),
+                          strategy=strategy,
+                          config=TrainConfig(global_batch_size=256))
+        trainer.fit(dataset_fn, epochs=2, steps_per_epoch=100,
+                    callbacks=[keras.callbacks.CSVLogger("log.csv")])
+    """
+
+    def __init__(self, *, model: keras.Model, optimizer, loss_fn: Callable,
+                 strategy, config: TrainConfig,
+                 metrics: Sequence[keras.metrics.Metric] = (),
+                 backend="mwms"):
+        self.metrics = list(metrics)
+        config = resolve_auto(config, strategy)
+        # The input of the current `fit` (a `ReplicaFeed`): None between
+        # fits; the step reads it through the lambda below.
+        self._replica_feed = None
+        parts = trainer_parts.assemble(
+            model=model, optimizer=optimizer, loss_fn=loss_fn,
+            strategy=strategy, config=config, metrics=self.metrics,
+            backend=backend,
+            take_batches=lambda iterator, k: self._replica_feed.take(
+                iterator, k))
+        self.model = model
+        self.optimizer = parts.optimizer
+        self.strategy = strategy
+        self.config = config
+        self.collectives = parts.collectives
+        self.is_chief = self.collectives.is_chief
+        self.num_workers = self.collectives.num_workers
+        self.worker_index = self.collectives.worker_index
+        self.per_replica_batch_size = parts.per_replica_batch_size
+        self.loss_scale = parts.loss_scale
+        self.position = parts.position
+        self.noise_scale = parts.noise_scale
+        self._sharded = parts.sharded
+        self._train_step = parts.train_step
+        self._borrowed = lambda: trainer_parts.borrowed(model, self.optimizer)
+        self.step_layout = parts.train_step.layout.describe()  # in words
+        self._adascale = parts.adascale
+        self._eval_step = parts.eval_step
+        self._fit_start = parts.fit_start
+        self._saver = parts.saver
+        self._saver.report = self._log
+        self._noise_notice = parts.noise_notice  # said by the first fit
+        self.timer = StepTimer(examples_per_step=config.global_batch_size)
+        self._interval = IntervalReport(
+            self.timer, optimizer=self.optimizer, loss_scale=self.loss_scale,
+            noise_scale=self.noise_scale, adascale=self._adascale)
+        self._adascale_end_logged = False
+        self._verbose = config.verbose
+
+    @property
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer slots this worker holds (`memory.py`)."""
+        return memory.optimizer_state_bytes(self.optimizer, self._sharded)
+
+    def memory_summary(self) -> dict:
+        """What each worker holds and sends, for summary.json (a collective:
+        every worker calls it; `memory.worker_summary`)."""
+        return memory.worker_summary(self.collectives, self.model,
+                                     self.optimizer, self._sharded)
+
+    # ---- public API --------------------------------------------------------
+
+    @property
+    def intervals(self) -> list:
+        """Every log interval's numbers so far (`reporting.py`)."""
+        return self._interval.rows
+
+    @property
+    def step(self) -> tf.Variable:
+        """Steps taken (including fp16 steps skipped): a host variable."""
+        return self.position.step_variable
+
+    @property
+    def checkpoint_path(self) -> Optional[str]:
+        """The latest checkpoint this Trainer wrote, or None."""
+        return self._saver.path
+
+    @classmethod
+    def from_compiled(cls, model: keras.Model, config: TrainConfig,
+                      strategy=None, backend="mwms") -> "Trainer":
+        """A Trainer with the optimizer, loss and metrics of `model.compile`.
+
+        Args:
+            model: A built, compiled model, created and compiled under
+                `strategy.scope()`.
+            config: A `TrainConfig` (global batch size, checkpoints, ...).
+            strategy: Default: the strategy the model was compiled under.
+            backend: As in the constructor.
+
+        Raises:
+            ValueError: The model is not compiled, or its loss is a list or
+                dict (one loss per output is not supported).
+        """
+        optimizer, loss, metrics = fit_arguments.compiled_parts(model)
+        return cls(model=model, optimizer=optimizer, loss_fn=loss,
+                   strategy=strategy or model.distribute_strategy,
+                   config=config, metrics=metrics, backend=backend)
+
+    def fit(self, x=None, y=None, batch_size: Optional[int] = None,
+            epochs: int = 1, verbose=None,
+            callbacks: Sequence[keras.callbacks.Callback] = (),
+            validation_data=None, shuffle: bool = True, sample_weight=None,
+            initial_epoch: int = 0, steps_per_epoch: Optional[int] = None,
+            validation_steps: Optional[int] = None
+            ) -> keras.callbacks.History:
+        """Trains for `epochs` x `steps_per_epoch` optimizer steps.
+
+        Takes what `model.fit` takes (see `fit_arguments.py`) or, the fast
+        path, a `dataset_fn`. Resumes from the latest checkpoint in
+        `config.checkpoint_dir`: model, RNG states, optimizer, step and the
+        input position, so the run continues exactly where it stopped; a
+        `dataset_fn` with `at(position)` on any worker count, any other
+        input from its saved `tf.data` state on the same count (`resume/start.py`,
+        docs/checkpoints.md). The Trainer's checkpoint wins over a
+        `BackupAndRestore` callback; without one, its epoch is used.
+
+        Args:
+            x: `fn(tf.distribute.InputContext) -> tf.data.Dataset` of
+                per-replica batches (`(x, y)` or `(x, y, sample_weight)`) of
+                size `per_replica_batch_size`, repeated (needs
+                `steps_per_epoch`); or a `tf.data.Dataset` of global batches;
+                or arrays / a dict of arrays.
+            y, sample_weight: Arrays, with array `x`.
+            batch_size: Global batch size (arrays); must equal the config's.
+            epochs: Index of the last epoch, as in Keras.
+            verbose: 0 silent, 1 progress bar, 2 one line per log interval;
+                None or "auto": `config.verbose`. The chief only.
+            callbacks: `keras.callbacks.Callback` objects.
+            validation_data: Evaluated after each epoch: a `dataset_fn`
+                (finite), a `tf.data.Dataset` of global batches, or a tuple
+                `(x, y[, sample_weight])` of arrays.
+            shuffle: Shuffle arrays each epoch (the same order on all
+                workers).
+            initial_epoch: Epoch to start from (a fresh run only).
+            steps_per_epoch: Optimizer steps per epoch (default: one pass
+                over a finite dataset or the arrays).
+            validation_steps: Limit on validation batches.
+        Returns:
+            The `keras.callbacks.History` (epoch logs).
+
+        Raises:
+            Preempted: A worker got SIGTERM; the checkpoint of the step all
+                workers agreed on is saved (a `SystemExit` with code 143).
+            checkpointing.RestoreError: The checkpoint does not fit.
+            InputPipelineError: The input pipeline failed.
+            ValueError: Inputs that do not fit the Trainer (batch size,
+                too little data, unknown length without steps_per_epoch).
+        """
+        dataset_fn, steps_per_epoch = fit_arguments.training_input(
+            x, y, sample_weight, batch_size=batch_size,
+            global_batch_size=self.config.global_batch_size,
+            per_replica_batch_size=self.per_replica_batch_size,
+            steps_per_epoch=steps_per_epoch, shuffle=shuffle)
+        if steps_per_epoch < 1 or epochs < 1:
+            raise ValueError("steps_per_epoch and epochs must be >= 1")
+        validation_fn = (None if validation_data is None
+                         else self._evaluation_input(validation_data))
+        verbose = (self.config.verbose if verbose in (None, "auto")
+                   else int(verbose))
+        worker_dir = None if self.is_chief else tempfile.mkdtemp(
+            prefix="tfscale-worker-")
+        callbacks, callback_list = callback_files.fit_callbacks(
+            callbacks, self.model, worker_dir, verbose=verbose,
+            progress_bar=self.is_chief and verbose == 1, epochs=epochs,
+            steps_per_epoch=steps_per_epoch, sharded=self._sharded is not None)
+        self._verbose = verbose
+        # SIGTERM from now on is a preemption request (see preemption.py).
+        try:
+            with SignalWatch() as watch, self._borrowed():
+                return self._fit(dataset_fn, callbacks, callback_list,
+                                 worker_dir, watch, steps_per_epoch, epochs,
+                                 validation_fn, validation_steps,
+                                 initial_epoch)
+        except BaseException:
+            # An error, a preemption (Preempted) or Ctrl-C: on_train_end
+            # will not run, so what the callbacks logged is closed here.
+            callback_files.close_writers(callbacks)
+            raise
+        finally:
+            self._verbose = self.config.verbose
+            self._fit_start.end(self._replica_feed)
+            self._replica_feed = None
+            if worker_dir:
+                shutil.rmtree(worker_dir, ignore_errors=True)
+
+    def _evaluation_input(self, data, **arrays):
+        return evaluation.evaluation_input(
+            data, global_batch_size=self.config.global_batch_size,
+            per_replica_batch_size=self.per_replica_batch_size, **arrays)
+
+    def _fit(self, dataset_fn, callbacks, callback_list, worker_dir, watch,
+             steps_per_epoch, epochs, validation_fn, validation_steps,
+             initial_epoch):
+        self.model.stop_training = False
+        self._interval.start_fit()
+        start = self._fit_start.start(dataset_fn, callback_list,
+                                      steps_per_epoch=steps_per_epoch,
+                                      initial_epoch=initial_epoch)
+        self._replica_feed = start.feed
+        if worker_dir:
+            callback_files.route_backup_writes(callbacks, worker_dir)
+        if start.restored:
+            self._saver.saved_at(start.step)
+            self._log(f"resumed from {start.restored} at step {start.step}; "
+                      f"input {start.input_line}")
+        if self._noise_notice:
+            self._log(self._noise_notice)
+            self._noise_notice = None
+        continue_tensorboard_steps(callbacks, start.step)
+        logs = {}
+        for epoch in range(start.step // steps_per_epoch, epochs):
+            logs = self._train_epoch(self._replica_feed, callback_list, epoch,
+                                     steps_per_epoch, watch)
+            if validation_fn is not None:
+                val = self.evaluate(validation_fn, steps=validation_steps)
+                logs.update({f"val_{k}": v for k, v in val.items()})
+            callback_list.on_epoch_end(epoch, logs)
+            if self._agreed_stop():
+                break
+        self._saver.save()
+        callback_list.on_train_end(logs)
+        return self.model.history
+
+    def evaluate(self, x=None, y=None, batch_size: Optional[int] = None,
+                 steps: Optional[int] = None, sample_weight=None) -> dict:
+        """Mean loss and metrics over a finite dataset, on all workers
+        (`evaluation.py`): every example counted once, also when workers
+        hold uneven numbers of batches.
+
+        Args:
+            x: A finite `dataset_fn`, a `tf.data.Dataset` of global batches,
+                or arrays (with `y`, `sample_weight`, `batch_size`).
+            steps: Limit on (global) batches.
+        """
+        dataset_fn = self._evaluation_input(
+            x, batch_size=batch_size, y=y, sample_weight=sample_weight)
+        for metric in self.metrics:
+            metric.reset_state()
+        with self._borrowed():
+            logs = evaluation.evaluate(
+                self._eval_step, dataset_fn, strategy=self.strategy,
+                collectives=self.collectives, steps=steps)
+        logs.update({k: float(v) for k, v in
+                     self._train_step.metric_results().items()})
+        return logs
+
+    # ---- the loop ------------------------------------------------------------
+
+    def _train_epoch(self, feed, callback_list, epoch, steps_per_epoch, watch):
+        callback_list.on_epoch_begin(epoch)
+        # The step in Python (the variable is for checkpoints): the loop
+        # reads the device once per call of the compiled step.
+        step = self.position.steps_taken
+        if step % steps_per_epoch == 0:
+            # (A resume inside an epoch keeps the restored running values.)
+            for metric in self.metrics:
+                metric.reset_state()
+        loss_total, seen, logs = 0.0, 0, {}
+        batch = step % steps_per_epoch
+        while batch < steps_per_epoch:
+            # TensorBoard counts batch callbacks; its steps are the
+            # optimizer's: it adds 1 here, the call's first step.
+            continue_tensorboard_steps(callback_list.callbacks, step)
+            callback_list.on_train_batch_begin(batch)
+            result = self._run_steps(feed, step + 1, steps_per_epoch - batch,
+                                     watch)
+            self._count(result)
+            step += result.steps
+            batch += result.steps
+            loss_total += sum(result.losses)
+            seen += result.steps
+            # As in Keras's fit ("loss": the epoch's running mean); the
+            # interval's numbers go elsewhere (`reporting.py`).
+            logs = {"loss": loss_total / seen, **result.metrics}
+            # An interval ends every log_steps and at the epoch's end, so a
+            # run shorter than log_steps still reports the steps it ran.
+            if (step % self.config.log_steps == 0
+                    or batch == steps_per_epoch):
+                line = self._interval.close(step, callback_list.callbacks)
+                if self._verbose == 2:
+                    self._log(line)
+            # Batch callbacks run once per call, with the last step's index
+            # (as Keras's fit does with steps_per_execution).
+            continue_tensorboard_steps(callback_list.callbacks, step)
+            callback_list.on_train_batch_end(batch - 1, logs)
+            if self._after_call(result, step, watch):
+                # Set on some worker during the previous call: all stop here.
+                # (AdaScale's progress is the same on every worker: its
+                # gains come from the all-reduced estimates.)
+                self.model.stop_training = True
+                break
+        return dict(logs)
+
+    def _count(self, result) -> None:
+        """A call's steps join the run: the log interval, the noise scale
+        and AdaScale's progress, the step and the input position."""
+        self._interval.add(result)
+        for noise in result.noise:
+            self.noise_scale.update(noise)
+            if self._adascale is not None:
+                # (One step per call: `skipped` is this step's.)
+                self._adascale.advance(self.noise_scale.estimate(),
+                                       skipped=bool(result.skipped))
+        self.position.advance(result.steps)
+
+    def _after_call(self, result, step: int, watch) -> bool:
+        """After a call's callbacks: preempted (saves, leaves together,
+        raises `Preempted`), a checkpoint when due; True when the run stops
+        here (a stop flag, or AdaScale at the reference run's end)."""
+        stop, preempt = result.stop, result.preempt
+        if self.num_workers == 1:
+            # No peer to agree with: act on the flags at once.
+            stop, preempt = self.model.stop_training, watch.requested
+        if preempt:
+            self._saver.save()
+            # Exit together: an MPI launcher ends the job as soon as one
+            # rank exits, possibly before the chief's checkpoint is done.
+            self.leave_together()
+            self._log(f"preempted (SIGTERM/SIGUSR1): saved step {step}, "
+                      "exiting with code 143")
+            raise Preempted(step, self.checkpoint_path)
+        if (self.config.save_checkpoints_steps
+                and step % self.config.save_checkpoints_steps == 0):
+            self._saver.save()
+        return stop or self._adascale_finished()
+
+    def _run_steps(self, feed, first: int, most: int, watch):
+        """The next call of the compiled step: one or more optimizer steps
+        from step number `first` (`StepPlan.steps_in_call`), with this
+        worker's flags."""
+        count = (1 if self._adascale is not None  # its rate moves each step
+                 else self._train_step.plan.steps_in_call(first, most))
+        signals = [float(bool(self.model.stop_training)),
+                   float(watch.requested)]
+        return self._train_step.run(first, count, feed.iterator, signals,
+                                    self.timer)
+
+    def adascale_summary(self) -> Optional[dict]:
+        """AdaScale's steps, progress, mean gain and examples; None
+        without AdaScale."""
+        return (None if self._adascale is None
+                else self._adascale.summary(self.position.steps_taken))
+
+    def _adascale_finished(self) -> bool:
+        """AdaScale's progress reached the reference run's length: the run
+        has trained as far as the reference run (the paper's end)."""
+        finished = self._adascale is not None and self._adascale.finished()
+        if finished and not self._adascale_end_logged:
+            self._adascale_end_logged = True
+            self._log(self._adascale.end_line(self.position.steps_taken))
+        return finished
+
+    def _agreed_stop(self) -> bool:
+        """`model.stop_training` at an epoch's end, agreed by all workers
+        (any one stops all: the flags are summed). One collective per epoch;
+        inside an epoch the flag rides in the step's all-reduce instead."""
+        if self.num_workers == 1:
+            return bool(self.model.stop_training)
+        stop = self.collectives.agree(float(bool(self.model.stop_training))) > 0
+        self.model.stop_training = stop
+        return stop
+
+    # ---- helpers -------------------------------------------------------------
+
+    def barrier(self) -> None:
+        """Returns when every worker has called it."""
+        if self.num_workers > 1:
+            self.collectives.barrier()
+
+    def leave_together(self) -> None:
+        """The last call before this process exits (after the chief's last
+        writes): returns when no other worker needs this one any more, so
+        that no worker fails on a peer that left first (see
+        `collectives.StrategyCollectives.leave_together`)."""
+        if self.num_workers > 1:
+            self.collectives.leave_together()
+
+    def _log(self, message: str):
+        """A line for a person (`console.py`), the chief's; none at 0."""
+        if self.is_chief and self._verbose > 0:
+            console.say(message)
+
