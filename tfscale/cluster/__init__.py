@@ -14,18 +14,11 @@ Importing the package loads no TensorFlow: `ClusterConfig`, `ClusterInfo`,
 `ClusterError` and `resolve_cluster` load `environment.py` on first use.
 """
 
+from tfscale.lazy import exports
 
-import importlib
-
-_EXPORTS = {
+__getattr__ = exports(__name__, {
     "ClusterConfig": "tfscale.cluster.environment",
     "ClusterInfo": "tfscale.cluster.environment",
     "ClusterError": "tfscale.cluster.environment",
     "resolve_cluster": "tfscale.cluster.environment",
-}
-
-
-def __getattr__(name):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+})

@@ -13,16 +13,9 @@ The top of the engine below the jobs: it imports every other package.
 Trainer`).
 """
 
+from tfscale.lazy import exports
 
-import importlib
-
-_EXPORTS = {
+__getattr__ = exports(__name__, {
     "Trainer": "tfscale.trainer.loop",
     "TrainConfig": "tfscale.train_config",
-}
-
-
-def __getattr__(name):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+})
