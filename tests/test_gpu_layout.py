@@ -31,9 +31,11 @@ from tfscale.optim.lamb import Lamb
 from tfscale.trainer.loop import TrainConfig, Trainer
 
 # What every case shares: calls of up to 3 steps, one timed step (part by
-# part) per log interval of 5, so both ways of running a step are taken.
+# part) per log interval of 5, so both ways of running a step are taken;
+# the update compiled on both layouts (its default, auto, would compile it
+# on the GPU layout only) unless a case says otherwise.
 COMMON = dict(verbose=0, steps_per_execution=3, log_steps=5,
-              timed_steps_per_log=1)
+              timed_steps_per_log=1, compile_update=True)
 
 CASES = {
     "sgd, update in XLA": (
@@ -92,7 +94,7 @@ def run_case(strategy, fields, optimizer_fn, steps=12):
         trainer = Trainer(model=model, optimizer=optimizer,
                           loss_fn=keras.losses.MeanSquaredError(),
                           strategy=strategy, metrics=metrics,
-                          config=TrainConfig(**fields, **COMMON))
+                          config=TrainConfig(**dict(COMMON, **fields)))
         if trainer.loss_scale is not None:
             trainer.loss_scale.scale.assign(2.0 ** 40)  # overflows: skips
         x, y = make_data()

@@ -40,16 +40,15 @@ def assert_identical(a, b):
 def test_tutorial_on_two_workers_fit_trainer_and_kill9_resume(tmp_path):
     fit2 = tutorial(2, tmp_path / "fit2", "--mode=fit")
     fit1 = tutorial(1, tmp_path / "fit1", "--mode=fit")
-    trainer2 = tutorial(2, tmp_path / "trainer2", "--mode=trainer",
-                        "--plain_update")
+    trainer2 = tutorial(2, tmp_path / "trainer2", "--mode=trainer")
     # Every worker holds the same weights, and 2 workers end where 1 does,
     # through fit and through the Trainer alike.
     assert_identical(fit2[0], fit2[1])
     assert_identical(trainer2[0], trainer2[1])
     # The Trainer computes what fit computes, bit for bit (same slices, same
-    # all-reduce) when its update runs op by op as Keras's does (its
-    # default, XLA-compiled update rounds otherwise: 1.1e-3 apart after 48
-    # Adam steps); one worker sums each batch's gradient in another order,
+    # all-reduce, on CPUs its default update op by op as Keras's; an
+    # XLA-compiled one, `compile_update=True`, rounds otherwise: 1.1e-3
+    # apart after 48 Adam steps); one worker sums each batch's gradient in another order,
     # which moves the conv kernel (|w| ~ 0.3) by ~1e-4 after 48 steps.
     assert_identical(trainer2[0], fit2[0])
     assert_close(fit2[0], fit1[0], tol=3e-4)

@@ -119,13 +119,21 @@ def test_the_xla_flag_takes_auto_true_and_false():
 
 
 def test_the_trainers_auto_xla_follows_the_strategys_devices():
-    """`TrainConfig(jit_compile=None)`: on where the strategy's devices are
-    GPUs (tf.distribute's GPU layout on this CPU), off on CPUs."""
+    """`TrainConfig(jit_compile=None)` and the default `compile_update`
+    (None): on where the strategy's devices are GPUs (tf.distribute's GPU
+    layout on this CPU), off on CPUs; a forced value stays."""
     import tensorflow as tf
     from tfscale.train_config import TrainConfig, resolve_auto
     auto = TrainConfig(global_batch_size=8, jit_compile=None)
+    assert auto.compile_update is None
     for device, on in (("/gpu:0", True), ("/cpu:0", False)):
         strategy = tf.distribute.MirroredStrategy([device])
-        assert resolve_auto(auto, strategy).jit_compile is on
-    forced = TrainConfig(global_batch_size=8, jit_compile=True)
+        resolved = resolve_auto(auto, strategy)
+        assert resolved.jit_compile is on
+        assert resolved.compile_update is on
+    forced = TrainConfig(global_batch_size=8, jit_compile=True,
+                         compile_update=True)
     assert resolve_auto(forced, strategy) is forced
+    half = resolve_auto(TrainConfig(global_batch_size=8, jit_compile=True),
+                        strategy)
+    assert half.jit_compile is True and half.compile_update is False

@@ -26,8 +26,11 @@ class TrainConfig:
             removal, the finite check, the noise scale's norms, clipping)
             and, where the worker holds one replica, the optimizer update
             of all variables (one kernel launch instead of several per
-            variable). False: TensorFlow's op-by-op kernels (for
-            comparison).
+            variable). None: auto, on where the strategy's devices are all
+            GPUs (where each launch costs), off on CPUs (XLA's CPU
+            reductions run about 3x slower than TensorFlow's: a 2-worker
+            CNN step took 15 ms longer with it). False: TensorFlow's
+            op-by-op kernels, as Keras runs them.
         xla_gemm: With `jit_compile` on a GPU, where XLA sends GEMMs:
             "cublas" (the default) or "triton" (`tfscale/xla_flags.py`;
             `jobs.run` composes XLA_FLAGS from it).
@@ -53,8 +56,10 @@ class TrainConfig:
             boundary; batch callbacks run once per call, as in Keras; a
             preemption signal is acted on at the end of the call in flight.
         timed_steps_per_log: Steps per log interval run part by part to
-            measure the time split (each part followed by a host wait); the
-            others run `steps_per_execution` at a time.
+            measure the time split (each part followed by a host wait): the
+            interval's last ones, and step 2, which traces the part programs
+            early (`step/plan.py`); the others run `steps_per_execution` at
+            a time. 0: none.
         verbose: 0 silent, 1 progress bar, 2 one line per log interval (the
             chief only in every case).
         shard_optimizer_state: ZeRO stage 1 (`zero/optimizer.py`): each of N workers
@@ -76,7 +81,7 @@ class TrainConfig:
     num_accumulation_steps: int = 1
     jit_compile: Optional[bool] = False
     xla_gemm: str = "cublas"
-    compile_update: bool = True
+    compile_update: Optional[bool] = None
     clip_global_norm: Optional[float] = None
     precision: str = "float32"
     initial_loss_scale: Optional[float] = None
@@ -122,14 +127,17 @@ class TrainConfig:
 
 
 def resolve_auto(config: TrainConfig, strategy) -> TrainConfig:
-    """`config` with `jit_compile=None` (auto) decided for `strategy`: on
-    where its devices are all GPUs (`xla_flags.choose`)."""
-    if config.jit_compile is not None:
+    """`config` with its auto fields (`jit_compile=None`,
+    `compile_update=None`) decided for `strategy`: on where its devices are
+    all GPUs (`xla_flags.choose`), off on CPUs."""
+    if config.jit_compile is not None and config.compile_update is not None:
         return config
     devices = strategy.extended.worker_devices
     on_gpus = all("GPU" in device.upper() for device in devices)
-    return dataclasses.replace(config,
-                               jit_compile=xla_flags.choose(None, on_gpus)[0])
+    return dataclasses.replace(
+        config,
+        jit_compile=xla_flags.choose(config.jit_compile, on_gpus)[0],
+        compile_update=xla_flags.choose(config.compile_update, on_gpus)[0])
 
 
 def check_fits(model, config: TrainConfig, replicas: int) -> None:

@@ -84,9 +84,6 @@ def main():
     parser.add_argument("--global_batch", type=int, default=64)
     parser.add_argument("--examples", type=int, default=1024)
     parser.add_argument("--kill_at_epoch", type=int, default=-1)
-    # The Trainer's update op by op, as Keras's fit runs it (the default
-    # is XLA-compiled: the same to float32 rounding, not bit for bit).
-    parser.add_argument("--plain_update", action="store_true")
     args = parser.parse_args()
     tf_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
     index = tf_config.get("task", {}).get("index", 0)
@@ -119,8 +116,7 @@ def main():
     else:
         trainer = tfscale.Trainer.from_compiled(
             model, tfscale.TrainConfig(global_batch_size=args.global_batch,
-                                       log_steps=8,
-                                       compile_update=not args.plain_update))
+                                       log_steps=8))
         trainer.fit(dataset, epochs=args.epochs, callbacks=callbacks,
                     verbose=2)
     np.savez(os.path.join(out, f"weights_{index}.npz"),

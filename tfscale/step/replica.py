@@ -183,11 +183,14 @@ class ReplicaStep:
         """(control with the noise scale's step norms, the gradients
         unscaled and clipped, whether all are finite) from the reduced row
         part and gradients."""
+        # The finite check decides fp16's skips; without a loss scale
+        # nothing reads it (a pass over every gradient saved).
+        finite = tf.constant(True)
         if self._loss_scale is not None:
             inverse = 1.0 / tf.cast(self._loss_scale.scale, tf.float32)
             grads = [g * tf.cast(inverse, g.dtype) for g in grads]
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g))
-                                for g in grads])
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g))
+                                    for g in grads])
         if self.measures_noise:
             # The step's gradient per group: after the loss scale, before
             # clipping; then the preconditioner's ready flag.
