@@ -279,15 +279,13 @@ def test_the_plan_is_the_step_number_and_four_settings():
     plan = StepPlan(types.SimpleNamespace(
         log_steps=10, timed_steps_per_log=2, steps_per_execution=4,
         save_checkpoints_steps=6))
-    # Step 2 too: the part programs trace beside the first step's tracing.
-    assert [s for s in range(1, 21) if plan.is_timed(s)] == [2, 9, 10, 19,
-                                                              20]
+    assert [s for s in range(1, 21) if plan.is_timed(s)] == [9, 10, 19, 20]
     calls, step = [], 1
     while step <= 20:
         n = plan.steps_in_call(step, most=20 - step + 1)
         calls.append((step, n))
         step += n
-    assert calls == [(1, 1), (2, 1), (3, 4), (7, 2), (9, 1), (10, 1),
-                     (11, 2), (13, 4), (17, 2), (19, 1), (20, 1)]
+    assert calls == [(1, 4), (5, 2), (7, 2), (9, 1), (10, 1), (11, 2),
+                     (13, 4), (17, 2), (19, 1), (20, 1)]
     # From any step, the same calls as an uninterrupted run.
     assert plan.steps_in_call(13, 20) == 4 and plan.steps_in_call(7, 1) == 1

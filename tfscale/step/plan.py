@@ -23,17 +23,12 @@ class StepPlan:
 
         A function of the step number alone, so an interrupted and resumed
         run takes exactly the same path at every step as an uninterrupted
-        one: the last `timed_steps_per_log` steps of each log interval, and
-        step 2. A process's first part-by-part step traces the part
-        programs (and is not timed): at step 2 that happens beside the
-        first step's own tracing, not in the middle of the first interval,
-        where it stalled a 100-step interval's rate by about a fifth.
+        one: the last `timed_steps_per_log` steps of each log interval.
         """
         config = self._config
-        if config.timed_steps_per_log <= 0:
-            return False
         remainder = step % config.log_steps
-        return step == 2 or remainder == 0 or (
+        return config.timed_steps_per_log > 0 and (
+            remainder == 0 or
             remainder > config.log_steps - config.timed_steps_per_log)
 
     def steps_in_call(self, step: int, most: int) -> int:

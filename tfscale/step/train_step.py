@@ -181,15 +181,24 @@ class TrainStep:
         `tf.function`; `jit_compile` only around `strategy.run`)."""
         layout = self.layout
         around = layout.one_replica
+        # Op by op, each part stays a function of its own wherever it is
+        # called (never inlined into its caller): Grappler then rewrites
+        # it alike in a part-by-part step and inside a call of several,
+        # and the two paths stay bit-identical, as XLA's programs are.
+        opaque = {"_noinline": True}
         self._compute_program = tf.function(
-            self._compute, jit_compile=around and layout.compute_xla)
+            self._compute, jit_compile=around and layout.compute_xla,
+            experimental_attributes=opaque)
         self._sync_program = tf.function(self._sync)
         self._after_reduce_program = tf.function(
-            self._after_reduce, jit_compile=layout.update_xla)
+            self._after_reduce, jit_compile=layout.update_xla,
+            experimental_attributes=opaque)
         self._update_program = tf.function(
-            self._update, jit_compile=layout.update_xla)
+            self._update, jit_compile=layout.update_xla,
+            experimental_attributes=opaque)
         self._finish_program = tf.function(
-            self._finish, jit_compile=layout.update_xla)
+            self._finish, jit_compile=layout.update_xla,
+            experimental_attributes=opaque)
         self._step_program = (tf.function(self._fused_step, jit_compile=True)
                               if layout.fused else self._one_step)
         self._steps_program = tf.function(self._steps)
