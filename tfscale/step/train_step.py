@@ -184,7 +184,8 @@ class TrainStep:
         # Op by op, each part stays a function of its own wherever it is
         # called (never inlined into its caller): Grappler then rewrites
         # it alike in a part-by-part step and inside a call of several,
-        # and the two paths stay bit-identical, as XLA's programs are.
+        # and the two paths stay bit-identical, as XLA's programs are
+        # (docs/facts.md, fact 33).
         opaque = {"_noinline": True}
         self._compute_program = tf.function(
             self._compute, jit_compile=around and layout.compute_xla,
