@@ -142,6 +142,37 @@ def test_one_replica_alone_runs_one_program_per_step():
     assert layout.describe() == "one XLA program per step (compute, update)"
 
 
+def test_the_default_update_is_compiled_on_the_gpu_layout_only():
+    """`TrainConfig`'s default `compile_update` (auto): the update in XLA
+    where the devices are GPUs (the GPU branch, taken here on a CPU), op
+    by op on CPUs; both train. (Mutation tried: auto resolved to False
+    everywhere fails the GPU half.)"""
+    fields = dict(global_batch_size=16, verbose=0, steps_per_execution=3,
+                  log_steps=5, timed_steps_per_log=1)
+    layouts = {}
+    for device in ("/gpu:0", "/cpu:0"):
+        keras.utils.set_random_seed(7)
+        strategy = strategy_on(device)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((6,)),
+                                      keras.layers.Dense(2)])
+            optimizer = keras.optimizers.Adam(0.01)
+        trainer = Trainer(model=model, optimizer=optimizer,
+                          loss_fn=keras.losses.MeanSquaredError(),
+                          strategy=strategy, config=TrainConfig(**fields))
+        x, y = make_data()
+        trainer.fit(lambda context: tf.data.Dataset.from_tensor_slices(
+            (x, y)).repeat().batch(16), steps_per_epoch=6)
+        assert int(trainer.step.numpy()) == 6
+        assert all(np.isfinite(v.numpy()).all()
+                   for v in model.trainable_variables)
+        layouts[device] = trainer._train_step.layout
+    assert layouts["/gpu:0"].update_xla
+    assert layouts["/gpu:0"].describe().endswith("update in XLA")
+    assert not layouts["/cpu:0"].update_xla
+    assert layouts["/cpu:0"].describe().endswith("update op by op")
+
+
 WORKER = os.path.join(os.path.dirname(__file__), "workers",
                       "gpu_layout_worker.py")
 
