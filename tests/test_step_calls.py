@@ -285,7 +285,62 @@ def test_the_plan_is_the_step_number_and_four_settings():
         n = plan.steps_in_call(step, most=20 - step + 1)
         calls.append((step, n))
         step += n
-    assert calls == [(1, 4), (5, 2), (7, 2), (9, 1), (10, 1), (11, 2),
-                     (13, 4), (17, 2), (19, 1), (20, 1)]
+    # Step 2 alone: it traces the part programs (the next test).
+    assert calls == [(1, 1), (2, 1), (3, 4), (7, 2), (9, 1), (10, 1),
+                     (11, 2), (13, 4), (17, 2), (19, 1), (20, 1)]
     # From any step, the same calls as an uninterrupted run.
     assert plan.steps_in_call(13, 20) == 4 and plan.steps_in_call(7, 1) == 1
+
+
+def test_step_2_runs_part_by_part_when_the_epoch_reaches_a_timed_step():
+    """The first part-by-part step traces the part programs: when the first
+    epoch reaches a timed step, that happens at step 2 (untimed), beside
+    the first call's tracing; a shorter epoch never traces them."""
+    import types
+    from tfscale.step.plan import StepPlan
+    config = types.SimpleNamespace(
+        log_steps=100, timed_steps_per_log=4, steps_per_execution=8,
+        save_checkpoints_steps=0)
+    plan = StepPlan(config)
+
+    def calls(steps):
+        out, step = [], 1
+        while step <= steps:
+            n = plan.steps_in_call(step, most=steps - step + 1)
+            out.append((step, n, plan.part_by_part(step, steps - step + 1)))
+            step += n
+        return out
+    long_run = calls(120)
+    assert long_run[:3] == [(1, 1, False), (2, 1, True), (3, 8, False)]
+    assert [s for s, _, split in long_run if split] == [2, 97, 98, 99, 100]
+    assert not plan.is_timed(2)  # runs part by part, not counted
+    # The epoch ends before step 97: nothing runs part by part.
+    assert all(not split for _, _, split in calls(96))
+    assert calls(97)[1] == (2, 1, True)
+    config.timed_steps_per_log = 0
+    assert all(not split for _, _, split in calls(120))
+
+
+@pytest.mark.parametrize("steps,traced_at_step_2", [(10, True), (8, False)])
+def test_the_part_programs_trace_at_step_2_or_never(steps, traced_at_step_2):
+    """A Trainer whose epoch reaches a timed step (steps 9, 10) runs step 2
+    part by part: the programs only part-by-part steps call (the sync
+    program) are traced there, not inside its first log interval; one whose
+    epoch ends before never traces them."""
+    traces = {}
+
+    class Count(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            program = self.trainer._train_step._sync_program
+            traces[batch + 1] = program.experimental_get_tracing_count()
+    count = Count()
+    count.trainer = trainer = make_trainer(mirrored(TWO_CPUS), TrainConfig(
+        global_batch_size=16, log_steps=10, timed_steps_per_log=2,
+        verbose=0))
+    x, y = data()
+    trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=steps,
+                callbacks=[count])
+    assert traces[1] == 0
+    assert traces[2] == (1 if traced_at_step_2 else 0)
+    assert traces[steps] == traces[2]  # never traced again
+    assert int(trainer.step.numpy()) == steps

@@ -57,8 +57,10 @@ class TrainConfig:
             preemption signal is acted on at the end of the call in flight.
         timed_steps_per_log: Steps per log interval run part by part to
             measure the time split (each part followed by a host wait): the
-            interval's last ones (`step/plan.py`); the others run
-            `steps_per_execution` at a time. 0: none.
+            interval's last ones (`step/plan.py`), and step 2, untimed,
+            when the first epoch reaches one (the programs they call are
+            traced there); the others run `steps_per_execution` at a
+            time. 0: none.
         verbose: 0 silent, 1 progress bar, 2 one line per log interval (the
             chief only in every case).
         shard_optimizer_state: ZeRO stage 1 (`zero/optimizer.py`): each of N workers

@@ -1,10 +1,18 @@
 """Which optimizer steps one call of the compiled step runs, and which run
-part by part to be timed: a function of the step number and the
-`TrainConfig` alone (no TensorFlow), so an interrupted and resumed run
-makes exactly the calls an uninterrupted one makes, and reports and saves
-at the same steps. It reads four numbers of the config, so any object with
-them plans (a `TrainConfig` in the Trainer).
+part by part to be timed: a function of the step number, the steps left in
+the epoch and the `TrainConfig` alone (no TensorFlow), so an interrupted
+and resumed run makes exactly the calls an uninterrupted one makes, and
+reports and saves at the same steps. It reads four numbers of the config,
+so any object with them plans (a `TrainConfig` in the Trainer).
 """
+
+# The step that runs part by part, untimed, when the first epoch reaches a
+# timed step: a process's first part-by-part step traces the part programs,
+# and at step 2 that happens beside the first call's own tracing instead of
+# inside the first log interval (where it cost a 100-step interval of a
+# small CNN about a fifth of its rate). A run that never reaches a timed
+# step never traces them.
+WARM_UP_STEP = 2
 
 
 class StepPlan:
@@ -31,14 +39,28 @@ class StepPlan:
             remainder == 0 or
             remainder > config.log_steps - config.timed_steps_per_log)
 
-    def steps_in_call(self, step: int, most: int) -> int:
-        """How many steps, from step number `step` on, the next call runs:
-        one for a timed step; else up to `steps_per_execution` and `most`,
-        ending before the next timed step and at the next log or checkpoint
-        boundary. A function of the step number alone (resume: the same
-        calls), so the loop reports and saves where one step at a time would.
-        """
+    def part_by_part(self, step: int, most: int) -> bool:
+        """Whether step number `step` runs part by part, `most` steps being
+        left in its epoch (counting it): a timed step, or `WARM_UP_STEP`
+        when a timed step comes before the epoch's end."""
         if self.is_timed(step):
+            return True
+        config = self._config
+        if step != WARM_UP_STEP or config.timed_steps_per_log <= 0:
+            return False
+        first_timed = max(1, config.log_steps - config.timed_steps_per_log + 1)
+        return first_timed <= step + most - 1
+
+    def steps_in_call(self, step: int, most: int) -> int:
+        """How many steps, from step number `step` on, the next call runs
+        (`most` steps being left in the epoch): one for a step run part by
+        part; else up to `steps_per_execution` and `most`, ending before the
+        next part-by-part step and at the next log or checkpoint boundary. A
+        function of the step number and the epoch's length alone (resume:
+        the same calls), so the loop reports and saves where one step at a
+        time would.
+        """
+        if self.part_by_part(step, most):
             return 1
         config = self._config
         n = min(config.steps_per_execution, most)
@@ -47,6 +69,6 @@ class StepPlan:
             if every:
                 n = min(n, every - (step - 1) % every)
         for ahead in range(1, n):
-            if self.is_timed(step + ahead):
+            if self.part_by_part(step + ahead, most - ahead):
                 return ahead
         return n

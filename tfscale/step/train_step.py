@@ -373,10 +373,11 @@ class TrainStep:
 
     # ---- the host side ------------------------------------------------------
 
-    def run(self, step: int, num_steps: int, iterator, signals, timer
-            ) -> StepsResult:
+    def run(self, step: int, num_steps: int, iterator, signals, timer,
+            part_by_part: bool = False) -> StepsResult:
         """Runs optimizer steps `step` .. `step + num_steps - 1` (1-based;
-        fewer if a flag is raised), from `plan.steps_in_call`.
+        fewer if a flag is raised), from `plan.steps_in_call`, or step
+        `step` alone part by part.
 
         Args:
             step: The first step's number.
@@ -384,6 +385,9 @@ class TrainStep:
             iterator: This worker's input iterator.
             signals: This worker's [stop, preempt] flags (0.0 / 1.0).
             timer: A `timing.StepTimer`.
+            part_by_part: From `plan.part_by_part(step, ...)`: one step,
+                each part followed by a host wait (timed if
+                `plan.is_timed(step)`).
 
         Raises:
             InputPipelineError: Reading the input failed.
@@ -392,7 +396,7 @@ class TrainStep:
         """
         signals = tf.constant(signals, tf.float32)
         self._batch_check.static(iterator.element_spec)
-        if not self.plan.is_timed(step):
+        if not part_by_part:
             timer.start()
             try:
                 rows, metrics = self._steps_program(iterator, signals,
@@ -409,9 +413,11 @@ class TrainStep:
                                self._read(metrics).tolist()))
             timer.stop(timed=False, steps=len(rows))
             return self.row.result(rows, metrics)
-        return self._run_timed(iterator, signals, timer)
+        return self._run_part_by_part(iterator, signals, timer,
+                                      self.plan.is_timed(step))
 
-    def _run_timed(self, iterator, signals, timer) -> StepsResult:
+    def _run_part_by_part(self, iterator, signals, timer, timed: bool
+                          ) -> StepsResult:
         """One step part by part, each part followed by a host wait."""
         timer.start()
         micro_batches = self._take_batches(
@@ -428,7 +434,7 @@ class TrainStep:
         skipped = float(self._read(self._update_program(grads, finite)))
         timer.mark("update")
         # The very first part-by-part step traces the functions: not counted.
-        timer.stop(timed=self._split_steps > 0)
+        timer.stop(timed=timed and self._split_steps > 0)
         self._split_steps += 1
         metrics = {k: float(self._read(v))
                    for k, v in self.metric_results().items()}

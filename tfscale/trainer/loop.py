@@ -397,12 +397,14 @@ class Trainer:
         """The next call of the compiled step: one or more optimizer steps
         from step number `first` (`StepPlan.steps_in_call`), with this
         worker's flags."""
+        plan = self._train_step.plan
         count = (1 if self._adascale is not None  # its rate moves each step
-                 else self._train_step.plan.steps_in_call(first, most))
+                 else plan.steps_in_call(first, most))
         signals = [float(bool(self.model.stop_training)),
                    float(watch.requested)]
         return self._train_step.run(first, count, feed.iterator, signals,
-                                    self.timer)
+                                    self.timer,
+                                    plan.part_by_part(first, most))
 
     def adascale_summary(self) -> Optional[dict]:
         """AdaScale's steps, progress, mean gain and examples; None
