@@ -133,6 +133,26 @@ def test_the_gpu_layout_ends_where_the_cpu_layout_ends(case):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("case", ["fp16 skips, --xla",
+                                  "lamb, --xla: one program per step",
+                                  "sgd, update in XLA"])
+def test_part_by_part_steps_on_the_gpu_layout_end_where_fused_ones_end(case):
+    """Under the GPU layout, with dropout: a run whose steps 2 (untimed,
+    it traces the part programs), 5 and 10 run part by part ends
+    bit-identical to one whose steps all run inside calls."""
+    fields, optimizer_fn = CASES[case]
+    gpu = strategy_on("/gpu:0")
+    split, split_weights = run_case(gpu, fields, optimizer_fn)
+    fused, fused_weights = run_case(
+        gpu, dict(fields, timed_steps_per_log=0), optimizer_fn)
+    step = split._train_step
+    assert step._sync_program.experimental_get_tracing_count() == 1
+    assert step._split_steps == 3  # steps 2, 5 and 10
+    assert fused._train_step._split_steps == 0
+    for a, b in zip(split_weights, fused_weights):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_one_replica_alone_runs_one_program_per_step():
     fields, optimizer_fn = CASES["lamb, --xla: one program per step"]
     trainer, _ = run_case(strategy_on("/gpu:0"), fields, optimizer_fn,

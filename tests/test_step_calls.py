@@ -321,26 +321,51 @@ def test_step_2_runs_part_by_part_when_the_epoch_reaches_a_timed_step():
     assert all(not split for _, _, split in calls(120))
 
 
+# The layouts the warm-up step meets: two replicas, and one replica alone
+# on a CPU and on a GPU (`MirroredStrategy(["/gpu:0"])` on this CPU takes
+# tf.distribute's GPU branch, `tests/test_gpu_layout.py`), there with the
+# GPU's defaults: XLA on, the update compiled.
+WARM_UP_LAYOUTS = {
+    "two cpus": (TWO_CPUS, {}),
+    "/cpu:0": (["/cpu:0"], {}),
+    "/gpu:0, xla": (["/gpu:0"], dict(jit_compile=True, compile_update=True)),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(WARM_UP_LAYOUTS))
 @pytest.mark.parametrize("steps,traced_at_step_2", [(10, True), (8, False)])
-def test_the_part_programs_trace_at_step_2_or_never(steps, traced_at_step_2):
+def test_the_part_programs_trace_at_step_2_or_never(layout, steps,
+                                                    traced_at_step_2):
     """A Trainer whose epoch reaches a timed step (steps 9, 10) runs step 2
     part by part: the programs only part-by-part steps call (the sync
     program) are traced there, not inside its first log interval; one whose
-    epoch ends before never traces them."""
+    epoch ends before never traces them. Under every layout the run ends
+    bit-identical to one with no part-by-part step at all."""
+    devices, fields = WARM_UP_LAYOUTS[layout]
     traces = {}
 
     class Count(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             program = self.trainer._train_step._sync_program
             traces[batch + 1] = program.experimental_get_tracing_count()
-    count = Count()
-    count.trainer = trainer = make_trainer(mirrored(TWO_CPUS), TrainConfig(
-        global_batch_size=16, log_steps=10, timed_steps_per_log=2,
-        verbose=0))
-    x, y = data()
-    trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=steps,
-                callbacks=[count])
+
+    def run(timed, callbacks=()):
+        keras.utils.set_random_seed(3)
+        trainer = make_trainer(mirrored(devices), TrainConfig(
+            global_batch_size=16, log_steps=10, timed_steps_per_log=timed,
+            verbose=0, **fields))
+        for callback in callbacks:
+            callback.trainer = trainer
+        x, y = data()
+        trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=steps,
+                    callbacks=list(callbacks))
+        return trainer
+    trainer = run(2, [Count()])
     assert traces[1] == 0
     assert traces[2] == (1 if traced_at_step_2 else 0)
     assert traces[steps] == traces[2]  # never traced again
     assert int(trainer.step.numpy()) == steps
+    untimed = run(0)
+    assert untimed._train_step._sync_program.experimental_get_tracing_count() == 0
+    for a, b in zip(weights(untimed.model), weights(trainer.model)):
+        np.testing.assert_array_equal(a, b)
