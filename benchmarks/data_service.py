@@ -30,7 +30,7 @@ import time
 
 from benchmarks.image_pipeline import make_records
 from launch.data_service import Service
-from launch.local import find_free_ports
+from launch import ports
 
 SETUPS = {"local": (0, "none"), "service_1": (1, "none"),
           "service_2": (2, "none"), "service_2_auto": (2, "auto")}
@@ -54,10 +54,11 @@ def measure(setup: str, files: str, args, round_: int) -> dict:
                "--warmup_batches", str(args.warmup_batches),
                "--compression", compression,
                "--job_name", f"{setup}-{round_}"]
-    service = None
+    service, held = None, None
     if workers:
         lines = _Lines()
-        service = Service(workers, find_free_ports(1)[0], lines)
+        held = ports.lease(1)
+        service = Service(workers, held.ports[0], lines)
         command += ["--data_service", service.address]
         lines.wait_for(workers + 1)  # serving: TF's import is not counted
     try:
@@ -68,6 +69,7 @@ def measure(setup: str, files: str, args, round_: int) -> dict:
     finally:
         if service:
             service.stop()
+            held.close()
     if result.returncode:
         raise RuntimeError(f"{setup}: {result.stderr[-3000:]}")
     row = json.loads(result.stdout.strip().splitlines()[-1])

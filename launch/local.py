@@ -25,32 +25,18 @@ environments (`worker_specs` is a pure function) and runs processes
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import shlex
 import signal
-import socket
 import sys
 import time
 from typing import List, Mapping, Optional, Sequence
 
-from launch import children, gpus, mpi_ranks, workers
+from launch import children, gpus, mpi_ranks, ports, workers
 from tfscale.cluster.contract import PREEMPTED_EXIT_CODE
-
-
-def find_free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
-    """`count` distinct ports that were free a moment ago."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def worker_specs(command: Sequence[str], num_workers: int,
@@ -179,29 +165,48 @@ def run(command: Sequence[str], num_workers: int, *,
         settings, mpirun_args=tuple(settings.get("mpirun_args", ()))))
     out = out or sys.stdout
     base_env = dict(os.environ if base_env is None else base_env)
-    start = _starter(config, command, base_env, out)
     interrupted = []
 
     def on_signal(signum, _frame):
         interrupted.append(signum)
 
+    # The ports are held until the launcher leaves (`launch/ports.py`);
+    # every attempt's workers listen on the same ones.
+    held = contextlib.ExitStack()
     previous = {s: signal.signal(s, on_signal)
                 for s in (signal.SIGINT, signal.SIGTERM)}
     service = None
     try:
+        start = _starter(config, command, base_env, out,
+                         _worker_ports(config, held))
         if config.data_service_workers:
-            service = _start_service(config.data_service_workers,
-                                     config.data_service_dir, config.host,
-                                     base_env, out)
+            service = _start_service(
+                config.data_service_workers, config.data_service_dir,
+                held.enter_context(ports.lease(1, config.host)).ports[0],
+                base_env, out)
         return _supervise(config, start, interrupted, out)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if service is not None:
             service.stop()
+        held.close()
 
 
-def _starter(config: LaunchConfig, command, base_env, out):
+def _worker_ports(config: LaunchConfig, held: contextlib.ExitStack
+                  ) -> Optional[List[int]]:
+    """One port per worker ("mwms"): `--port` and the next ones, else
+    free ports leased for the launcher's life; None for "mpi" (mpirun
+    connects the ranks)."""
+    if config.backend == "mpi":
+        return None
+    if config.port:
+        return list(range(config.port, config.port + config.num_workers))
+    return held.enter_context(ports.lease(config.num_workers,
+                                          config.host)).ports
+
+
+def _starter(config: LaunchConfig, command, base_env, out, worker_ports):
     """`start()` -> a running group of the workers: the processes with a
     TF_CONFIG each ("mwms"), or the ranks of one mpirun ("mpi"); GPUs bound
     per worker (`launch/gpus.py`)."""
@@ -229,12 +234,10 @@ def _starter(config: LaunchConfig, command, base_env, out):
             for i, g in enumerate(gpu_sets)))
 
     def start():
-        n = config.num_workers
-        ports = (list(range(config.port, config.port + n)) if config.port
-                 else find_free_ports(n, config.host))
         return workers.ProcessGroup(
-            worker_specs(command, n, ports, base_env, config.host,
-                         config.threads_per_worker, gpu_sets), out)
+            worker_specs(command, config.num_workers, worker_ports, base_env,
+                         config.host, config.threads_per_worker, gpu_sets),
+            out)
     return start
 
 
@@ -281,10 +284,11 @@ def _supervise(config: LaunchConfig, start, interrupted, out) -> int:
     return children.shell_code(code)
 
 
-def _start_service(num_workers, work_dir, host, base_env, out):
-    """A tf.data service for the run; its address goes into `base_env`."""
+def _start_service(num_workers, work_dir, port, base_env, out):
+    """A tf.data service for the run (its dispatcher on `port`); its
+    address goes into `base_env`."""
     from launch.data_service import ADDRESS_ENV, Service
-    service = Service(num_workers, find_free_ports(1, host)[0], out,
+    service = Service(num_workers, port, out,
                       work_dir=work_dir, env=base_env)
     base_env[ADDRESS_ENV] = service.address
     _say(out, f"tf.data service: dispatcher {service.address} and "

@@ -42,11 +42,12 @@ def dispatcher(tmp_path_factory):
     --data_service_workers 2` starts them; the dispatcher's "host:port".
     (Ended by a signal: an in-process server's stop() waits for its jobs'
     endless training streams, 10-20 s per worker.)"""
+    from launch import ports
     from launch.data_service import Service
-    from launch.local import find_free_ports
     from tests.conftest import REPO
     output = _Lines()
-    started = Service(2, find_free_ports(1)[0], output,
+    held = ports.lease(1)
+    started = Service(2, held.ports[0], output,
                       work_dir=str(tmp_path_factory.mktemp("journal")),
                       env=dict(os.environ, PYTHONPATH=REPO))
     try:
@@ -58,6 +59,7 @@ def dispatcher(tmp_path_factory):
         yield started.address
     finally:
         started.stop()
+        held.close()
 
 
 @pytest.fixture(scope="module")

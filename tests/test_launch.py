@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from launch import children, local, mpi_ranks, workers
+from launch import children, local, mpi_ranks, ports, workers
 from tests.conftest import REPO, run_command
 
 
@@ -46,8 +46,71 @@ def test_worker_specs_reject_bad_input(args, message):
 
 
 def test_free_ports_are_distinct():
-    ports = local.find_free_ports(4)
-    assert len(set(ports)) == 4
+    assert len(set(ports.find_free_ports(4))) == 4
+    with ports.lease(4) as held:
+        assert len(set(held.ports)) == 4
+
+
+def offering(monkeypatch, *candidates):
+    """Makes the free-port search offer `candidates` first, in order (as
+    the kernel may, to two launchers at once), then any free port."""
+    queue = list(candidates)
+    search = ports.find_free_ports
+    monkeypatch.setattr(ports, "find_free_ports", lambda count, host: (
+        [queue.pop(0)] if queue else search(count, host)))
+
+
+def test_a_port_another_lease_holds_is_skipped_until_it_is_released(
+        monkeypatch, tmp_path):
+    folder = str(tmp_path / "locks")
+    first = ports.lease(2, folder=folder)
+    offering(monkeypatch, *first.ports)
+    with ports.lease(2, folder=folder) as second:
+        assert not set(second.ports) & set(first.ports)
+    first.close()
+    offering(monkeypatch, *first.ports)
+    with ports.lease(2, folder=folder) as third:
+        assert third.ports == first.ports
+
+
+def test_a_lease_dies_with_its_process(monkeypatch, tmp_path):
+    """A launcher killed with -9 holds nothing: the kernel drops its locks."""
+    folder = str(tmp_path / "locks")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from launch import ports; "
+         "held = ports.lease(1, folder=sys.argv[1]); print(held.ports[0], "
+         "flush=True); time.sleep(600)", folder], cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.PIPE,
+        text=True)
+    try:
+        port = int(holder.stdout.readline())
+        offering(monkeypatch, port)
+        with ports.lease(1, folder=folder) as other:
+            assert other.ports != [port]
+    finally:
+        holder.kill()
+        holder.wait()
+    offering(monkeypatch, port)
+    with ports.lease(1, folder=folder) as other:
+        assert other.ports == [port]
+
+
+def test_without_a_lock_folder_a_lease_is_the_plain_search(tmp_path):
+    (tmp_path / "file").write_text("")  # a read-only /tmp, as far as it goes
+    with ports.lease(3, folder=str(tmp_path / "file" / "locks")) as held:
+        assert len(set(held.ports)) == 3
+
+
+def test_a_lease_names_the_folder_when_every_port_is_held(monkeypatch,
+                                                          tmp_path):
+    folder = str(tmp_path / "locks")
+    with ports.lease(1, folder=folder) as held:
+        monkeypatch.setattr(ports, "find_free_ports",
+                            lambda count, host: list(held.ports))
+        with pytest.raises(RuntimeError, match=r"found 0 of 1 free ports "
+                           r"on 127\.0\.0\.1: the others were held by "
+                           r"other launchers \(locks in .*locks\)"):
+            ports.lease(1, folder=folder)
 
 
 def test_cli_requires_a_command(capsys):
@@ -153,7 +216,7 @@ def test_ctrl_c_stops_all_workers_and_leaves_a_restorable_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_slurm_environment_runs_two_workers(tmp_path):
     """Two tasks as srun would start them: SLURM variables, no TF_CONFIG."""
-    base = local.find_free_ports(1)[0]
+    base = ports.find_free_ports(1)[0]
     env = dict(os.environ, PYTHONPATH=REPO, SLURM_NTASKS="2",
                SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="localhost",
                SLURM_STEP_TASKS_PER_NODE="2", TF_NUM_INTRAOP_THREADS="1")

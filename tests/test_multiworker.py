@@ -10,7 +10,6 @@ ends; files are written by the chief only.
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from launch import ports
 from tests.conftest import REPO, run_command, run_workers
 
 pytestmark = pytest.mark.slow
@@ -202,20 +202,17 @@ def test_bad_tf_config_exits_with_one_line_error(tmp_path):
     assert last.startswith("tfscale: error: TF_CONFIG task index 3 is out of")
 
 
-def free_ports(n):
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+@pytest.fixture
+def two_ports():
+    """Two free ports, held from other launchers for the test."""
+    with ports.lease(2) as held:
+        yield held.ports
 
 
-def test_unreachable_peer_fails_within_the_connect_timeout(tmp_path):
-    ports = free_ports(2)
+def test_unreachable_peer_fails_within_the_connect_timeout(tmp_path,
+                                                          two_ports):
     env = {"TF_CONFIG": json.dumps({
-        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+        "cluster": {"worker": [f"127.0.0.1:{p}" for p in two_ports]},
         "task": {"type": "worker", "index": 0}})}
     start = time.monotonic()
     code, output = run_command(
@@ -223,23 +220,25 @@ def test_unreachable_peer_fails_within_the_connect_timeout(tmp_path):
          "--connect_timeout", "5"], env=env, timeout=120)
     assert code == -9  # killed by the watchdog process
     assert time.monotonic() - start < 60
-    assert f"unreachable peer(s): 127.0.0.1:{ports[1]}" in output
+    assert f"unreachable peer(s): 127.0.0.1:{two_ports[1]}" in output
     from tests.test_launch import processes_mentioning
     assert processes_mentioning(str(tmp_path)) == []  # no worker left
-    assert processes_mentioning("cluster/watchdog.py") == []  # nor its watchdog
+    # Nor its watchdog (the only process with the peer's address on its
+    # command line; other tests' watchdogs may be running).
+    assert processes_mentioning(f"127.0.0.1:{two_ports[1]}") == []
 
 
-def test_a_peer_killed_with_no_launcher_ends_the_others_naming_it(tmp_path):
+def test_a_peer_killed_with_no_launcher_ends_the_others_naming_it(tmp_path,
+                                                                 two_ports):
     # Workers started by hand (as srun or a Kubernetes pod starts them):
     # nobody stops the survivor; its collective fails, and its last line
     # names the peer it lost, well within the collective timeout.
-    ports = free_ports(2)
     procs = []
     for index in range(2):
         env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2",
                    TF_CONFIG=json.dumps({
                        "cluster": {"worker": [f"127.0.0.1:{p}"
-                                              for p in ports]},
+                                              for p in two_ports]},
                        "task": {"type": "worker", "index": index}}))
         procs.append(subprocess.Popen(
             [sys.executable, "-m", *WORKER, "--out", str(tmp_path),
