@@ -18,8 +18,9 @@ from tfscale import precision
 from tfscale.step.feed import InputPipelineError
 from tfscale.optim.lamb import Lamb
 from tfscale.trainer.loop import TrainConfig, Trainer
-from tests.test_trainer import (TWO_CPUS, Recorder, data, dataset_fn_for,
-                                make_trainer, mirrored, weights)
+from tests.test_trainer import (TWO_CPUS, Recorder, build, data,
+                                dataset_fn_for, make_trainer, mirrored,
+                                weights)
 
 
 def train(config, optimizer_fn=lambda: keras.optimizers.SGD(0.05),
@@ -369,3 +370,77 @@ def test_the_part_programs_trace_at_step_2_or_never(layout, steps,
     assert untimed._train_step._sync_program.experimental_get_tracing_count() == 0
     for a, b in zip(weights(untimed.model), weights(trainer.model)):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("case", sorted(CASES) + ["/gpu:0, xla, float16"])
+def test_the_step_is_traced_without_autograph(monkeypatch, case):
+    """As Keras 3's fit traces its step: no function of the step (ours, or
+    the model's, loss's and metrics' it calls) goes through AutoGraph's
+    conversion, under two replicas and under the GPU layout with XLA."""
+    from tensorflow.python.autograph.impl import api as autograph
+    converted = []
+    convert = autograph._convert_actual
+
+    def recording(entity, program_ctx):
+        converted.append(getattr(entity, "__qualname__", repr(entity)))
+        return convert(entity, program_ctx)
+    monkeypatch.setattr(autograph, "_convert_actual", recording)
+    if case in CASES:
+        fields, optimizer_fn = CASES[case]
+        devices = TWO_CPUS
+    else:
+        precision.set_precision("mixed_float16")
+        fields = dict(global_batch_size=16, precision="mixed_float16",
+                      jit_compile=True, compile_update=True)
+        optimizer_fn, devices = lambda: keras.optimizers.SGD(0.05), ["/gpu:0"]
+    try:
+        trainer = train(TrainConfig(**fields, log_steps=5,
+                                    timed_steps_per_log=2, verbose=0),
+                        optimizer_fn, devices=devices, steps=6)
+    finally:
+        precision.set_precision("float32")
+    assert int(trainer.step.numpy()) == 6
+    # The input pipeline's functions are tf.data's to convert (a user's
+    # parse function may rely on it); none of the step's is.
+    assert [name for name in converted if "dataset_fn" not in name] == []
+
+
+def test_python_control_flow_on_tensors_fails_in_fit_and_the_trainer_alike():
+    """docs/trainer.md's promise: what Keras 3's fit cannot trace (a metric
+    branching in Python on a tensor), the Trainer cannot either, with the
+    same error; and the same metric written with `keras.ops.where` trains
+    under both."""
+    class Branching(keras.metrics.Mean):
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            error = keras.ops.mean(keras.ops.abs(y_true - y_pred))
+            if error > 1e9:  # Python control flow on a tensor
+                error = error * 0.0
+            return super().update_state(error)
+
+    class Branchless(keras.metrics.Mean):
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            error = keras.ops.mean(keras.ops.abs(y_true - y_pred))
+            return super().update_state(
+                keras.ops.where(error > 1e9, error * 0.0, error))
+
+    x, y = data()
+    strategy = mirrored(TWO_CPUS)
+    for metric, fails in ((Branching, True), (Branchless, False)):
+        outcomes = []
+        model, _, _ = build(strategy)
+        model.compile(keras.optimizers.SGD(0.05), "mse", metrics=[metric()])
+        trainer = Trainer(model=build(strategy)[0],
+                          optimizer=keras.optimizers.SGD(0.05),
+                          loss_fn=keras.losses.MeanSquaredError(),
+                          strategy=strategy, metrics=[metric()],
+                          config=TrainConfig(global_batch_size=16, verbose=0))
+        for run in (lambda: model.fit(x, y, batch_size=16, steps_per_epoch=2,
+                                      verbose=0),
+                    lambda: trainer.fit(dataset_fn_for(trainer, x, y),
+                                        steps_per_epoch=2)):
+            try:
+                run()
+                outcomes.append(None)
+            except tf.errors.OperatorNotAllowedInGraphError as e:
+                outcomes.append("as a Python `bool`" in str(e))
+        assert outcomes == ([True, True] if fails else [None, None])

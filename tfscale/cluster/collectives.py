@@ -64,7 +64,7 @@ class StrategyCollectives:
         self.worker_index = worker_index(strategy)
         self.num_replicas = strategy.num_replicas_in_sync
         self._options = _compat.communication_options(strategy)
-        self._sum = tf.function(self._sum_fn)
+        self._sum = tf.function(self._sum_fn, autograph=False)
         timeout = getattr(self._options, "timeout_seconds", None)
         self._timeout_ms = int(1000 * (timeout or _NO_TIMEOUT_SECONDS))
         self._barriers = 0

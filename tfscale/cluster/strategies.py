@@ -61,7 +61,7 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
         # The first collective proves every peer is up and reachable.
         tf.function(lambda: strategy.reduce(
             tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)),
-            axis=None))()
+            axis=None), autograph=False)()
     return strategy
 
 

@@ -66,10 +66,12 @@ class ReplicaStep:
         self._set_up_noise(config, optimizer, num_replicas)
         compiled = config.jit_compile or config.compile_update
         self._micro_batch = (
-            tf.function(self._micro_batch_fn, jit_compile=config.jit_compile)
+            tf.function(self._micro_batch_fn, jit_compile=config.jit_compile,
+                        autograph=False)
             if nested_jit else self._micro_batch_fn)
         self.after_reduce = (
-            tf.function(self._after_reduce_fn, jit_compile=compiled)
+            tf.function(self._after_reduce_fn, jit_compile=compiled,
+                        autograph=False)
             if nested_jit else self._after_reduce_fn)
 
     def _set_up_noise(self, config: TrainConfig, optimizer,
@@ -100,7 +102,7 @@ class ReplicaStep:
         norms = lambda grads, factors: noise_norms.squared_norms(  # noqa: E731
             grads, self.noise_groups, factors)
         self._squared_norms = (
-            tf.function(norms, jit_compile=True)
+            tf.function(norms, jit_compile=True, autograph=False)
             if _compat.op_determinism_enabled() and not config.jit_compile
             else norms)
 

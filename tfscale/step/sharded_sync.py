@@ -43,9 +43,9 @@ class ShardedSync:
             tuple(noise_groups.of_variable[p.variable]
                   for p in sharded.layout.pieces))
         self._shard_stats = tf.function(self._shard_stats_fn,
-                                        jit_compile=compiled)
+                                        jit_compile=compiled, autograph=False)
         self._after_reduce = tf.function(self._after_reduce_fn,
-                                         jit_compile=compiled)
+                                         jit_compile=compiled, autograph=False)
 
     def sync(self, control, grads, deltas):
         """(the row's reduced part with the reduced gradient's norms, this

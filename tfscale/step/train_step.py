@@ -43,6 +43,7 @@ run part by part (each part followed by a host wait) to time each part.
 """
 
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 import keras
@@ -187,22 +188,27 @@ class TrainStep:
         # and the two paths stay bit-identical, as XLA's programs are
         # (docs/facts.md, fact 33).
         opaque = {"_noinline": True}
-        self._compute_program = tf.function(
+        # Traced as Keras 3's fit traces its step: without AutoGraph (no
+        # Python control flow on tensors, here or in the user's model, loss
+        # and metrics). Converting the step's Python took about 1.5 s of
+        # each worker's start (docs/facts.md, fact 34).
+        program = functools.partial(tf.function, autograph=False)
+        self._compute_program = program(
             self._compute, jit_compile=around and layout.compute_xla,
             experimental_attributes=opaque)
-        self._sync_program = tf.function(self._sync)
-        self._after_reduce_program = tf.function(
+        self._sync_program = program(self._sync)
+        self._after_reduce_program = program(
             self._after_reduce, jit_compile=layout.update_xla,
             experimental_attributes=opaque)
-        self._update_program = tf.function(
+        self._update_program = program(
             self._update, jit_compile=layout.update_xla,
             experimental_attributes=opaque)
-        self._finish_program = tf.function(
+        self._finish_program = program(
             self._finish, jit_compile=layout.update_xla,
             experimental_attributes=opaque)
-        self._step_program = (tf.function(self._fused_step, jit_compile=True)
+        self._step_program = (program(self._fused_step, jit_compile=True)
                               if layout.fused else self._one_step)
-        self._steps_program = tf.function(self._steps)
+        self._steps_program = program(self._steps)
 
     # ---- cross replica (traced into the programs) -------------------------
 

@@ -98,8 +98,8 @@ class EvalStep:
         self._metric_variables = metric_variables(metrics, collectives)
         self._strategy = strategy
         self._collectives = collectives
-        self.run = tf.function(self._run)
-        self.run_empty = tf.function(self._run_empty)
+        self.run = tf.function(self._run, autograph=False)
+        self.run_empty = tf.function(self._run_empty, autograph=False)
 
     def _replica_step(self, batch):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)

@@ -145,9 +145,11 @@ class ShardedOptimizer:
         self._adapts = [self.kind == "lamb" and not matches_any(
             v.path, optimizer.exclude_from_layer_adaptation_patterns)
             for v in self.variables]
-        self._step_fn = tf.function(self._step, jit_compile=jit_compile)
-        self._finish_fn = tf.function(self._finish, jit_compile=jit_compile)
-        self._gather_fn = tf.function(self._gather_all)
+        self._step_fn = tf.function(self._step, jit_compile=jit_compile,
+                                    autograph=False)
+        self._finish_fn = tf.function(self._finish, jit_compile=jit_compile,
+                                      autograph=False)
+        self._gather_fn = tf.function(self._gather_all, autograph=False)
         self._gathered = None
 
     def _decays_variable(self, variable) -> bool:
