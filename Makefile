@@ -71,8 +71,12 @@ demo-images: install
 	    --train_batch_size=32 --num_train_steps=100 --num_warmup_steps=10 \
 	    --precision=mixed_bfloat16 --save_checkpoints_steps=50 --log_steps=10
 
+# Two pytest workers (pytest-xdist), a test file each at a time: the
+# multi-process tests leave a core idle while a worker imports TensorFlow or
+# waits on its peers. TEST_JOBS=1 runs the files one after another.
+TEST_JOBS ?= 2
 test: install-test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # Unit tests in one process (no worker processes, no clusters), the files
 # docs/tests.md marks quick: under 3 minutes on 2 cores.

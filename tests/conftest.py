@@ -45,6 +45,14 @@ def same_global_random_state(request):
     yield
 
 
+def pytest_collection_modifyitems(config, items):
+    """The files with multi-process tests first, each file's tests in their
+    order: `make test`'s two pytest workers (a file each at a time) then end
+    on short in-process files, not on one long file while the other idles."""
+    heavy = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in heavy)
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: starts real worker processes (multi-process tests)")
