@@ -11,7 +11,9 @@ then fails at start with "address already in use".
 temporary directory) until the lease is closed or its process ends; the
 kernel drops the lock of a launcher killed with -9. A port whose lock
 another live lease holds is skipped. Where that folder cannot be written (a
-read-only temporary directory), a lease is the plain search.
+read-only temporary directory), a lease is the plain search. The lock files
+stay (empty, one per port number ever leased): removing one while another
+launcher holds it would let a third take the port.
 
 Never imports TensorFlow.
 """
