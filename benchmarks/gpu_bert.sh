@@ -9,10 +9,12 @@
 # VARIANTS="mixed_bfloat16:auto mixed_bfloat16:noxla" (precision:xla, xla one
 # of auto = the default flags, xla, noxla), PROFILE=1 (profile the first
 # variant's last interval: steps STEPS-LOOP+1 .. STEPS-LOOP+6 start one call),
-# RUN_TIMEOUT=300 seconds per run, PYTHON=python.
+# RUN_TIMEOUT=300 seconds per run, PYTHON=python, HEADS=1 (time the
+# attention heads' moves).
 # Records: RECORDS=8192 generated Google-format records (sequence 128, 20
 # predictions, 4 files; benchmarks/input_pipeline.py's writer: TensorFlow
-# alone, as on a GPU host with nothing else installed). Each run's log,
+# alone, as on a GPU host with nothing else installed), written once into
+# RECORDS_DIR when it is set (a second run reuses them). Each run's log,
 # the table (table.md: the interval ending at step STEPS-LOOP, before the
 # profiled one; the first interval holds tracing and compilation) and the
 # profile's summary land in OUT_DIR.
@@ -28,9 +30,12 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 nvidia-smi -L > "$OUT/gpu.txt" 2>&1 || echo "no nvidia-smi" > "$OUT/gpu.txt"
 start=$SECONDS
-mkdir -p "$WORK/records"
-$PY -c "from benchmarks.input_pipeline import write_records as w; \
-w('$WORK/records', ${RECORDS:-8192}, 4)" > /dev/null 2>&1
+RECORDS_DIR=${RECORDS_DIR:-$WORK/records}
+if ! ls "$RECORDS_DIR"/bert-*.tfrecord > /dev/null 2>&1; then
+  mkdir -p "$RECORDS_DIR"
+  $PY -c "from benchmarks.input_pipeline import write_records as w; \
+w('$RECORDS_DIR', ${RECORDS:-8192}, 4)" > /dev/null 2>&1
+fi
 echo "records: $((SECONDS - start)) s" >> "$OUT/wall.txt"
 
 run() {  # run NAME PRECISION XLA [extra flags]
@@ -39,7 +44,7 @@ run() {  # run NAME PRECISION XLA [extra flags]
   [ "$xla" = auto ] || xla_flag=(--"$xla")
   local start=$SECONDS
   timeout "$RUN_TIMEOUT" $PY run_pretraining.py \
-    --input_file="$WORK/records/bert-*.tfrecord" \
+    --input_file="$RECORDS_DIR/bert-*.tfrecord" \
     --output_dir="$WORK/$name" --bert_config_file="$CONFIG" \
     --max_seq_length=128 --max_predictions_per_seq=20 \
     --train_batch_size="$BATCH" --optimizer=lamb --learning_rate=1e-4 \
@@ -64,7 +69,9 @@ for variant in $VARIANTS; do
   first=0
 done
 
-$PY -m benchmarks.head_transpose --batch="$BATCH" > "$OUT/heads.txt" 2>&1 || true
+if [ "${HEADS:-1}" = 1 ]; then
+  $PY -m benchmarks.head_transpose --batch="$BATCH" > "$OUT/heads.txt" 2>&1 || true
+fi
 
 "$PY" - "$OUT" "$((STEPS - LOOP))" $VARIANTS <<'PYEOF' | tee "$OUT/table.md"
 import re, sys

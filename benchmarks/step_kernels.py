@@ -103,6 +103,33 @@ def count_ops(graph) -> tuple:
     return per_call, per_step
 
 
+def condition_reads(graph) -> list:
+    """The dtypes of the values the loop's condition reads (the `While`
+    op's loop variables and captures its predicate depends on). A value the
+    step computes on the device (the flags in its row, float32) makes each
+    step's end a copy to the host: the host queues the next step only once
+    the last has ended. The counter and the call's limit are int32, which
+    TensorFlow keeps on the host."""
+    for op in graph.get_operations():
+        if op.type in ("While", "StatelessWhile"):
+            cond = graph._functions[op.get_attr("cond").name].graph
+            break
+    else:
+        raise ValueError("the call's graph holds no While loop")
+    inputs = {t.ref() for t in cond.inputs}
+    seen, stack, reads = set(), [cond.outputs[0].op], []
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        for tensor in op.inputs:
+            if tensor.ref() in inputs:
+                reads.append(tensor.dtype.name)
+            stack.append(tensor.op)
+    return sorted(reads)
+
+
 def trace_layout(fields: dict, args, bert_config: dict):
     """The traced graph of one call of `args.steps_per_call` steps."""
     import keras
@@ -159,8 +186,10 @@ def main():
         per_call, per_step = count_ops(graph)
         launches = (sum(per_step.values())
                     + sum(per_call.values()) / args.steps_per_call)
+        reads = condition_reads(graph)
         rows[name] = {"per_step": launches,
                       "step_layout": trainer.step_layout,
+                      "loop_condition_reads": reads,
                       "in_each_step": dict(per_step.most_common()),
                       "around_the_loop": dict(per_call.most_common())}
         print(f"== {name} ({trainer.step_layout}): {launches:.1f} launches "
@@ -169,6 +198,9 @@ def main():
               f"{args.steps_per_call})")
         print("   in each step: " + ", ".join(
             f"{t} {n}" for t, n in per_step.most_common()))
+        print("   the loop's condition reads: " + ", ".join(reads) + (
+            "" if set(reads) <= {"int32"} else
+            " (a step's output: each step ends in a wait for the device)"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -249,14 +249,19 @@ def test_a_lone_one_gpu_bert_step_launches_few_kernels_outside_xla():
     config = {"vocab_size": 512, "hidden_size": 32, "num_hidden_layers": 2,
               "num_attention_heads": 2, "intermediate_size": 64}
     args = argparse.Namespace(device="/gpu:0", steps_per_call=10)
-    launches = {}
+    launches, reads = {}, {}
     for name in ("default", "uncompiled_update"):
         graph, _ = step_kernels.trace_layout(step_kernels.LAYOUTS[name],
                                              args, config)
         per_call, per_step = step_kernels.count_ops(graph)
         launches[name] = (per_step, sum(per_step.values())
                           + sum(per_call.values()) / args.steps_per_call)
+        reads[name] = step_kernels.condition_reads(graph)
     per_step, total = launches["default"]
     assert per_step["XLA program"] == 1
     assert total <= 12
     assert launches["uncompiled_update"][1] > 100
+    # The loop's condition reads the counter and the limit alone, no step's
+    # output: the host queues step i + 1 while step i runs on the device.
+    assert reads["default"] == ["int32", "int32"]
+    assert reads["uncompiled_update"] == ["int32", "int32"]

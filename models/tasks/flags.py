@@ -184,13 +184,20 @@ def data_service_from_flags(flags_values, output_dir: str,
 
 def define_log_interval(flags, default: int, **kwargs) -> None:
     """--iterations_per_loop (Google's name) and its alias --log_steps: the
-    log interval and the most steps one call of the compiled step runs."""
+    log interval and the most steps one call of the compiled step runs;
+    --timed_steps_per_log: how many of them are timed part by part."""
     flags.DEFINE_integer("iterations_per_loop", default,
                          "Steps per host loop: the steps one call of the "
                          "compiled step runs (the host reads the device once "
                          "per call) and the loss/throughput log interval.",
                          **kwargs)
     flags.DEFINE_alias("log_steps", "iterations_per_loop", **kwargs)
+    flags.DEFINE_integer("timed_steps_per_log", 4,
+                         "Steps per log interval run part by part to measure "
+                         "the time split (input, compute, sync, update), "
+                         "each part followed by a wait for the device. 0: "
+                         "none, which also saves tracing and compiling the "
+                         "parts beside the step.", **kwargs)
 
 
 def define_cluster_flags(flags, **kwargs) -> None:
@@ -246,6 +253,7 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
         checkpoint_dir=os.path.join(values.output_dir, "checkpoints"),
         save_checkpoints_steps=values.save_checkpoints_steps,
         log_steps=log_steps, steps_per_execution=log_steps, verbose=2,
+        timed_steps_per_log=values.timed_steps_per_log,
         noise_scale=noise_scale_from_flags(values), **more)
 
 

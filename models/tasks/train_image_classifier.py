@@ -85,9 +85,6 @@ flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing.", **OPTIM)
 define_cluster_flags(flags, **SPEED)
 
 define_log_interval(flags, 100, **RUN)
-flags.DEFINE_integer("timed_steps_per_log", 4, "Steps per log interval run "
-                     "part by part to measure the time split (0: none; "
-                     "saves tracing the step a second time).", **RUN)
 define_noise_scale_flags(flags, **RUN)
 
 
@@ -132,8 +129,7 @@ def config_from_flags():
             cluster=cluster_from_flags(FLAGS, FLAGS.backend),
             train=train_from_flags(
                 FLAGS, precision=FLAGS.precision,
-                log_steps=FLAGS.iterations_per_loop,
-                timed_steps_per_log=FLAGS.timed_steps_per_log),
+                log_steps=FLAGS.iterations_per_loop),
             output_dir=FLAGS.output_dir,
             label_smoothing=FLAGS.label_smoothing,
             do_train=FLAGS.do_train,

@@ -299,6 +299,13 @@ class TrainStep:
             the last step, packed in one float32 vector.
         """
         k = self._config.num_accumulation_steps
+        # The job's only replica reduces nothing: its flags are the host's
+        # own, raised before the call (`run` then asks for one step), so the
+        # loop counts steps alone. A condition that reads a step's output
+        # is a copy to the host that waits for that step: on a GPU the host
+        # could queue step i + 1 only once step i had ended, and the GPU
+        # would idle while it launches the next program.
+        flags_end_the_loop = not self.layout.alone
 
         def run_step(i, micro_batches, rows, checks=()):
             with tf.control_dependencies(checks):
@@ -308,6 +315,8 @@ class TrainStep:
 
         def keep_going(i, flags, rows):
             del rows
+            if not flags_end_the_loop:
+                return i < num_steps
             return tf.logical_and(i < num_steps, flags <= 0.0)
 
         def one_step(i, flags, rows):
@@ -400,6 +409,8 @@ class TrainStep:
             BatchSizeError: The input's batches are not the per-replica
                 batch.
         """
+        if self.layout.alone and any(signals):
+            num_steps = 1  # the flags are this worker's own (`_steps`)
         signals = tf.constant(signals, tf.float32)
         self._batch_check.static(iterator.element_spec)
         if not part_by_part:
