@@ -4,8 +4,8 @@
 #
 #   bash benchmarks/gpu_bert.sh OUT_DIR
 #
-# Environment (defaults): STEPS=200 steps per run, LOOP=50
-# (--iterations_per_loop), BATCH=256, BERT_CONFIG=benchmarks/bert_base.json,
+# Environment (defaults): STEPS=300 steps per run, LOOP=100
+# (--iterations_per_loop, the job's default), BATCH=256, BERT_CONFIG=benchmarks/bert_base.json,
 # VARIANTS="mixed_bfloat16:auto mixed_bfloat16:noxla" (precision:xla, xla one
 # of auto = the default flags, xla, noxla), PROFILE=1 (profile the first
 # variant's last interval: steps STEPS-LOOP+1 .. STEPS-LOOP+6 start one call),
@@ -20,7 +20,7 @@
 # profile's summary land in OUT_DIR.
 set -euo pipefail
 OUT=${1:?usage: bash benchmarks/gpu_bert.sh OUT_DIR}
-STEPS=${STEPS:-200}; LOOP=${LOOP:-50}; BATCH=${BATCH:-256}
+STEPS=${STEPS:-300}; LOOP=${LOOP:-100}; BATCH=${BATCH:-256}
 CONFIG=${BERT_CONFIG:-benchmarks/bert_base.json}; PY=${PYTHON:-python}
 VARIANTS=${VARIANTS:-"mixed_bfloat16:auto mixed_bfloat16:noxla"}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}

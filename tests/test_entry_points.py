@@ -74,7 +74,8 @@ EXTRAS_MODULES = ("tqdm", "distributed", "dask", "tensorflow_datasets",
 def test_the_core_install_runs_the_job(corpus, tmp_path):  # noqa: F811
     """The job and the Trainer on the core dependencies alone: with every
     extra's module refusing to import, run_pretraining trains, saves and
-    writes its summary."""
+    writes its summary. With `--timed_steps_per_log=0` no step runs part by
+    part, and the log lines name no split."""
     from tests.test_pretraining import pretrain_args
     refuse = tmp_path / "refuse"
     for name in EXTRAS_MODULES:
@@ -84,8 +85,14 @@ def test_the_core_install_runs_the_job(corpus, tmp_path):  # noqa: F811
     out = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, "-m", "run_pretraining",
-         *pretrain_args(corpus, out, 6)], cwd=REPO, capture_output=True,
+         *pretrain_args(corpus, out, 6, "--log_steps=3",
+                        "--timed_steps_per_log=0")],
+        cwd=REPO, capture_output=True,
         text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": f"{refuse}:{REPO}"})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((out / "summary.json").read_text())["steps"] == 6
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 6
+    assert [row["timed_steps"] for row in summary["intervals"]] == [0, 0]
+    lines = [line for line in done.stderr.splitlines() if "examples/s" in line]
+    assert len(lines) == 2 and not any("timed steps" in l for l in lines)

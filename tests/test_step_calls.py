@@ -444,3 +444,28 @@ def test_python_control_flow_on_tensors_fails_in_fit_and_the_trainer_alike():
             except tf.errors.OperatorNotAllowedInGraphError as e:
                 outcomes.append("as a Python `bool`" in str(e))
         assert outcomes == ([True, True] if fails else [None, None])
+
+
+@pytest.mark.parametrize("devices", [["/cpu:0"], TWO_CPUS],
+                         ids=["one replica", "two replicas"])
+def test_one_workers_loop_reads_no_step_output_to_go_on(devices):
+    # With one worker the flags that end a call early are the host's own,
+    # known before the call: the loop's condition is the counter and the
+    # limit (int32, kept on the host), so on a GPU the host queues step
+    # i + 1 while step i runs (docs/facts.md, fact 35). With several workers
+    # it reads the reduced flags (tests/test_multiworker.py stops a call).
+    from benchmarks import step_kernels
+    from tfscale.step.feed import ReplicaFeed
+    from tfscale.trainer import parts as trainer_parts
+    trainer = train(TrainConfig(global_batch_size=16, log_steps=100,
+                                timed_steps_per_log=0, verbose=0,
+                                steps_per_execution=4), devices=devices,
+                    steps=4)
+    x, y = data()
+    feed = ReplicaFeed(trainer.strategy, dataset_fn_for(trainer, x, y),
+                       num_replicas=len(devices), num_workers=1,
+                       worker_index=0)
+    trainer._replica_feed = feed  # what fit sets: the call reads it
+    with trainer_parts.borrowed(trainer.model, trainer.optimizer):
+        graph = trainer._train_step.call_graph(feed.iterator, 4)
+    assert step_kernels.condition_reads(graph) == ["int32", "int32"]

@@ -38,7 +38,8 @@ runs op by op.
 (Keras's `steps_per_execution`, Google's `iterations_per_loop`), reading
 the input inside it; every step's loss, flags and noise sums come back in
 one tensor. It leaves at the first step whose all-reduced flags ask to
-stop or save, on every worker alike. The last steps of each log interval
+stop or save, on every worker alike (with one worker they are its own,
+known before the call: the loop then counts steps and reads nothing back). The last steps of each log interval
 run part by part (each part followed by a host wait) to time each part.
 """
 
@@ -66,6 +67,8 @@ class Layout:
         one_replica: This worker holds one replica: XLA around
             `strategy.run`.
         alone: The job's only replica: no all-reduce.
+        one_worker: This process holds every replica of the job: their
+            flags are its own, known on the host before each call.
         compute_xla: The forward/backward compiled (`jit_compile`).
         update_xla: The work after the all-reduce and the update compiled
             as one program (one replica, not sharded).
@@ -75,6 +78,7 @@ class Layout:
 
     one_replica: bool
     alone: bool
+    one_worker: bool
     compute_xla: bool
     update_xla: bool
     fused: bool
@@ -86,6 +90,7 @@ class Layout:
         alone = replicas == 1
         compiled = config.jit_compile or config.compile_update
         return cls(one_replica=one, alone=alone,
+                   one_worker=local_replicas == replicas,
                    compute_xla=config.jit_compile,
                    update_xla=one and compiled and not sharded,
                    fused=(one and alone and config.jit_compile
@@ -299,13 +304,13 @@ class TrainStep:
             the last step, packed in one float32 vector.
         """
         k = self._config.num_accumulation_steps
-        # The job's only replica reduces nothing: its flags are the host's
-        # own, raised before the call (`run` then asks for one step), so the
-        # loop counts steps alone. A condition that reads a step's output
+        # With one worker the reduced flags are the host's own, raised
+        # before the call (`run` then asks for one step), so the loop counts
+        # steps alone. A condition that reads a step's output
         # is a copy to the host that waits for that step: on a GPU the host
         # could queue step i + 1 only once step i had ended, and the GPU
-        # would idle while it launches the next program.
-        flags_end_the_loop = not self.layout.alone
+        # would idle while it launches the next program (fact 35).
+        flags_end_the_loop = not self.layout.one_worker
 
         def run_step(i, micro_batches, rows, checks=()):
             with tf.control_dependencies(checks):
@@ -409,7 +414,7 @@ class TrainStep:
             BatchSizeError: The input's batches are not the per-replica
                 batch.
         """
-        if self.layout.alone and any(signals):
+        if self.layout.one_worker and any(signals):
             num_steps = 1  # the flags are this worker's own (`_steps`)
         signals = tf.constant(signals, tf.float32)
         self._batch_check.static(iterator.element_spec)

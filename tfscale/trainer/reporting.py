@@ -86,13 +86,14 @@ class IntervalReport:
         self.reset()
         line = (f"step {step}: loss {summary['interval_loss']:.4f}, "
                 f"{summary['examples_per_second']:.1f} examples/s, "
-                f"step {1000 * summary['step_time']:.1f} ms; timed steps "
-                f"{1000 * summary['timed_step_time']:.1f} ms "
-                f"(input {1000 * summary['input_wait']:.1f}, "
-                f"compute {1000 * summary['compute']:.1f}, "
-                f"sync {1000 * summary['sync']:.1f}, "
-                f"update {1000 * summary['update']:.1f}){extra}")
-        return summary, line
+                f"step {1000 * summary['step_time']:.1f} ms")
+        if summary["timed_steps"]:
+            line += (f"; timed steps {1000 * summary['timed_step_time']:.1f} "
+                     f"ms (input {1000 * summary['input_wait']:.1f}, "
+                     f"compute {1000 * summary['compute']:.1f}, "
+                     f"sync {1000 * summary['sync']:.1f}, "
+                     f"update {1000 * summary['update']:.1f})")
+        return summary, line + extra
 
     def _loss_scale_part(self, summary: dict) -> str:
         if self._loss_scale is None:

@@ -55,11 +55,13 @@ class StepTimer:
                 self._totals[phase] += seconds
 
     def summary(self) -> dict:
-        """Seconds per step: phases and timed_step_time over timed steps,
-        step_time over all steps; examples_per_second over all steps."""
+        """Seconds per step: phases and timed_step_time over timed steps
+        (`timed_steps` of them; all 0.0 without one), step_time over all
+        steps; examples_per_second over all steps."""
         timed = max(self._timed_steps, 1)
         result = {phase: total / timed for phase, total in self._totals.items()}
         result["timed_step_time"] = self._timed_elapsed / timed
+        result["timed_steps"] = self._timed_steps
         result["step_time"] = self._elapsed / max(self._steps, 1)
         result["examples_per_second"] = (
             self._examples_per_step * self._steps / self._elapsed
