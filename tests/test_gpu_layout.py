@@ -257,11 +257,19 @@ def test_a_lone_one_gpu_bert_step_launches_few_kernels_outside_xla():
         launches[name] = (per_step, sum(per_step.values())
                           + sum(per_call.values()) / args.steps_per_call)
         reads[name] = step_kernels.condition_reads(graph)
+        if name == "default":
+            # The call's step count, from the first step's flags, is set on
+            # the host: one copy per call, none per step.
+            limit = {op.type: op.device for op in graph.get_operations()
+                     if op.type in ("Greater", "SelectV2")}
     per_step, total = launches["default"]
     assert per_step["XLA program"] == 1
     assert total <= 12
     assert launches["uncompiled_update"][1] > 100
     # The loop's condition reads the counter and the limit alone, no step's
-    # output: the host queues step i + 1 while step i runs on the device.
+    # output: the host queues step i + 1 while step i runs on the device
+    # (docs/facts.md, fact 35).
     assert reads["default"] == ["int32", "int32"]
     assert reads["uncompiled_update"] == ["int32", "int32"]
+    assert set(limit) == {"Greater", "SelectV2"}
+    assert all("CPU" in device for device in limit.values()), limit

@@ -448,12 +448,12 @@ def test_python_control_flow_on_tensors_fails_in_fit_and_the_trainer_alike():
 
 @pytest.mark.parametrize("devices", [["/cpu:0"], TWO_CPUS],
                          ids=["one replica", "two replicas"])
-def test_one_workers_loop_reads_no_step_output_to_go_on(devices):
-    # With one worker the flags that end a call early are the host's own,
-    # known before the call: the loop's condition is the counter and the
-    # limit (int32, kept on the host), so on a GPU the host queues step
-    # i + 1 while step i runs (docs/facts.md, fact 35). With several workers
-    # it reads the reduced flags (tests/test_multiworker.py stops a call).
+def test_the_loop_reads_no_step_output_to_go_on(devices):
+    # The flags that end a call early hold for the whole call: the first
+    # step's set the call's limit, and the loop's condition is the counter
+    # and that limit (int32, kept on the host), so on a GPU the host queues
+    # step i + 1 while step i runs (docs/facts.md, fact 35). Several
+    # workers stop a call at the same step: tests/test_multiworker.py.
     from benchmarks import step_kernels
     from tfscale.step.feed import ReplicaFeed
     from tfscale.trainer import parts as trainer_parts

@@ -38,8 +38,8 @@ runs op by op.
 (Keras's `steps_per_execution`, Google's `iterations_per_loop`), reading
 the input inside it; every step's loss, flags and noise sums come back in
 one tensor. It leaves at the first step whose all-reduced flags ask to
-stop or save, on every worker alike (with one worker they are its own,
-known before the call: the loop then counts steps and reads nothing back). The last steps of each log interval
+stop or save, on every worker alike (the flags hold for a whole call, so
+the first step's tell: the loop reads nothing back after it). The last steps of each log interval
 run part by part (each part followed by a host wait) to time each part.
 """
 
@@ -67,8 +67,6 @@ class Layout:
         one_replica: This worker holds one replica: XLA around
             `strategy.run`.
         alone: The job's only replica: no all-reduce.
-        one_worker: This process holds every replica of the job: their
-            flags are its own, known on the host before each call.
         compute_xla: The forward/backward compiled (`jit_compile`).
         update_xla: The work after the all-reduce and the update compiled
             as one program (one replica, not sharded).
@@ -78,7 +76,6 @@ class Layout:
 
     one_replica: bool
     alone: bool
-    one_worker: bool
     compute_xla: bool
     update_xla: bool
     fused: bool
@@ -90,7 +87,6 @@ class Layout:
         alone = replicas == 1
         compiled = config.jit_compile or config.compile_update
         return cls(one_replica=one, alone=alone,
-                   one_worker=local_replicas == replicas,
                    compute_xla=config.jit_compile,
                    update_xla=one and compiled and not sharded,
                    fused=(one and alone and config.jit_compile
@@ -304,40 +300,35 @@ class TrainStep:
             the last step, packed in one float32 vector.
         """
         k = self._config.num_accumulation_steps
-        # With one worker the reduced flags are the host's own, raised
-        # before the call (`run` then asks for one step), so the loop counts
-        # steps alone. A condition that reads a step's output
-        # is a copy to the host that waits for that step: on a GPU the host
-        # could queue step i + 1 only once step i had ended, and the GPU
-        # would idle while it launches the next program (fact 35).
-        flags_end_the_loop = not self.layout.one_worker
 
         def run_step(i, micro_batches, rows, checks=()):
             with tf.control_dependencies(checks):
                 row = self._step_program(micro_batches, signals)
-            return row[RowLayout.STOP] + row[RowLayout.PREEMPT], rows.write(
-                i, row)
+            return row, rows.write(i, row)
 
-        def keep_going(i, flags, rows):
-            del rows
-            if not flags_end_the_loop:
-                return i < num_steps
-            return tf.logical_and(i < num_steps, flags <= 0.0)
-
-        def one_step(i, flags, rows):
-            del flags
-            flags, rows = run_step(i, self._take_batches(iterator, k), rows)
-            return i + 1, flags, rows
+        def one_step(i, rows):
+            _, rows = run_step(i, self._take_batches(iterator, k), rows)
+            return i + 1, rows
 
         rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True,
                               element_shape=[self.row.size])
         # The first step apart: its input's batch is checked (`BatchCheck`),
         # the loop's steps run unchecked.
         first = self._take_batches(iterator, k)
-        flags, rows = run_step(0, first, rows,
-                               self._batch_check(self._strategy, first))
-        _, _, rows = tf.while_loop(keep_going, one_step,
-                                   (tf.constant(1), flags, rows))
+        row, rows = run_step(0, first, rows,
+                             self._batch_check(self._strategy, first))
+        # Every worker's flags hold for its whole call, and the workers'
+        # calls cover the same steps (`plan.steps_in_call`): the first
+        # step's reduced flags are every step's. Read once, on the host,
+        # they set how many steps the call runs, and the loop's condition
+        # reads its counter alone. A condition on each step's flags copied
+        # them to the host after every step: on a GPU the host could queue
+        # step i + 1 only once step i had ended (fact 35).
+        with tf.device("/cpu:0"):
+            raised = row[RowLayout.STOP] + row[RowLayout.PREEMPT] > 0.0
+            limit = tf.where(raised, tf.constant(1), num_steps)
+        _, rows = tf.while_loop(lambda i, rows: i < limit, one_step,
+                                (tf.constant(1), rows))
         return rows.stack(), self._packed_metrics()
 
     # ---- per replica (around `ReplicaStep`) -------------------------------
@@ -414,8 +405,6 @@ class TrainStep:
             BatchSizeError: The input's batches are not the per-replica
                 batch.
         """
-        if self.layout.one_worker and any(signals):
-            num_steps = 1  # the flags are this worker's own (`_steps`)
         signals = tf.constant(signals, tf.float32)
         self._batch_check.static(iterator.element_spec)
         if not part_by_part:
