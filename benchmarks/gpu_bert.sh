@@ -5,9 +5,10 @@
 #   bash benchmarks/gpu_bert.sh OUT_DIR
 #
 # Environment (defaults): STEPS=300 steps per run, LOOP=100
-# (--iterations_per_loop, the job's default), BATCH=256, BERT_CONFIG=benchmarks/bert_base.json,
-# VARIANTS="mixed_bfloat16:auto mixed_bfloat16:noxla" (precision:xla, xla one
-# of auto = the default flags, xla, noxla), PROFILE=1 (profile the first
+# (--iterations_per_loop, the job's default), BATCH=256,
+# BERT_CONFIG=benchmarks/bert_base.json,
+# VARIANTS="mixed_bfloat16:auto mixed_bfloat16:noxla" (precision:xla, xla
+# one of auto = the default flags, xla, noxla), PROFILE=1 (profile the first
 # variant's last interval: steps STEPS-LOOP+1 .. STEPS-LOOP+6 start one call),
 # RUN_TIMEOUT=300 seconds per run, PYTHON=python, HEADS=1 (time the
 # attention heads' moves).

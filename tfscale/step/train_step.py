@@ -38,9 +38,10 @@ runs op by op.
 (Keras's `steps_per_execution`, Google's `iterations_per_loop`), reading
 the input inside it; every step's loss, flags and noise sums come back in
 one tensor. It leaves at the first step whose all-reduced flags ask to
-stop or save, on every worker alike (the flags hold for a whole call, so
-the first step's tell: the loop reads nothing back after it). The last steps of each log interval
-run part by part (each part followed by a host wait) to time each part.
+stop or save, on every worker alike; the flags hold for a whole call, so
+the first step's set the call's length and the loop reads nothing back
+after it. The last steps of each log interval run part by part (each part
+followed by a host wait) to time each part.
 """
 
 import dataclasses
