@@ -11,7 +11,8 @@
 # one of auto = the default flags, xla, noxla), PROFILE=1 (profile the first
 # variant's last interval: steps STEPS-LOOP+1 .. STEPS-LOOP+6 start one call),
 # RUN_TIMEOUT=300 seconds per run, PYTHON=python, HEADS=1 (time the
-# attention heads' moves).
+# attention heads' moves), RUN_FLAGS="" (more flags for every run, e.g.
+# --timed_steps_per_log=0; XLA_FLAGS passes through to XLA).
 # Records: RECORDS=8192 generated Google-format records (sequence 128, 20
 # predictions, 4 files; benchmarks/input_pipeline.py's writer: TensorFlow
 # alone, as on a GPU host with nothing else installed), written once into
@@ -51,7 +52,8 @@ run() {  # run NAME PRECISION XLA [extra flags]
     --train_batch_size="$BATCH" --optimizer=lamb --learning_rate=1e-4 \
     --num_train_steps="$STEPS" --num_warmup_steps=10 \
     --precision="$precision" "${xla_flag[@]}" --iterations_per_loop="$LOOP" \
-    --save_checkpoints_steps=1000000 "$@" > "$OUT/$name.log" 2>&1 || true
+    --save_checkpoints_steps=1000000 ${RUN_FLAGS:-} "$@" \
+    > "$OUT/$name.log" 2>&1 || true
   echo "$name: $((SECONDS - start)) s" >> "$OUT/wall.txt"
 }
 
@@ -78,8 +80,8 @@ fi
 import re, sys
 out, report, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 line = re.compile(r"step (\d+): loss ([\d.]+), ([\d.]+) examples/s, step ([\d.]+) "
-                  r"ms; timed steps ([\d.]+) ms \(input ([\d.]+), compute "
-                  r"([\d.]+), sync ([\d.]+), update ([\d.]+)\)")
+                  r"ms(?:; timed steps ([\d.]+) ms \(input ([\d.]+), compute "
+                  r"([\d.]+), sync ([\d.]+), update ([\d.]+)\))?")
 print("| precision | XLA | step layout | examples/s | step ms | timed step: input / compute / sync / update ms | first interval s |")
 print("|---|---|---|---:|---:|---|---:|")
 for v in variants:
@@ -95,6 +97,7 @@ for v in variants:
     s = found[report]
     first = min(found)
     first_s = float(found[first][3]) * first / 1000
+    split = f"{s[5]} / {s[6]} / {s[7]} / {s[8]}" if s[4] else "none timed"
     print(f"| {v.split(':')[0]} | {v.split(':')[1]} | {layout} | {float(s[2]):.1f} | "
-          f"{float(s[3]):.1f} | {s[5]} / {s[6]} / {s[7]} / {s[8]} | {first_s:.1f} |")
+          f"{float(s[3]):.1f} | {split} | {first_s:.1f} |")
 PYEOF
