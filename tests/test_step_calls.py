@@ -446,9 +446,17 @@ def test_python_control_flow_on_tensors_fails_in_fit_and_the_trainer_alike():
         assert outcomes == ([True, True] if fails else [None, None])
 
 
-@pytest.mark.parametrize("devices", [["/cpu:0"], TWO_CPUS],
-                         ids=["one replica", "two replicas"])
-def test_the_loop_reads_no_step_output_to_go_on(devices):
+LOOP_LAYOUTS = {
+    "one replica": (["/cpu:0"], {}),
+    "two replicas": (TWO_CPUS, {}),
+    # tf.distribute's GPU branch on this CPU (tests/gpu_branch.py), the
+    # step one XLA program as on a one-GPU worker.
+    "/gpu:0, xla": (["/gpu:0"], dict(jit_compile=True, compile_update=True)),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LOOP_LAYOUTS))
+def test_the_loop_reads_no_step_output_to_go_on(layout):
     # The flags that end a call early hold for the whole call: the first
     # step's set the call's limit, and the loop's condition is the counter
     # and that limit (int32, kept on the host), so on a GPU the host queues
@@ -457,15 +465,28 @@ def test_the_loop_reads_no_step_output_to_go_on(devices):
     from benchmarks import step_kernels
     from tfscale.step.feed import ReplicaFeed
     from tfscale.trainer import parts as trainer_parts
+    from tfscale.trainer.timing import StepTimer
+    devices, fields = LOOP_LAYOUTS[layout]
     trainer = train(TrainConfig(global_batch_size=16, log_steps=100,
                                 timed_steps_per_log=0, verbose=0,
-                                steps_per_execution=4), devices=devices,
-                    steps=4)
+                                steps_per_execution=4, **fields),
+                    devices=devices, steps=4)
     x, y = data()
     feed = ReplicaFeed(trainer.strategy, dataset_fn_for(trainer, x, y),
                        num_replicas=len(devices), num_workers=1,
                        worker_index=0)
     trainer._replica_feed = feed  # what fit sets: the call reads it
+    step = trainer._train_step
+    assert step.layout.fused == (layout == "/gpu:0, xla")
     with trainer_parts.borrowed(trainer.model, trainer.optimizer):
-        graph = trainer._train_step.call_graph(feed.iterator, 4)
-    assert step_kernels.condition_reads(graph) == ["int32", "int32"]
+        graph = step.call_graph(feed.iterator, 4)
+        assert step_kernels.condition_reads(graph) == ["int32", "int32"]
+        # The limit from the first step's flags: a raised stop or preempt
+        # flag ends the call after its first step, none lets it run whole.
+        timer = StepTimer(16)
+        runs = {flags: step.run(5, 4, feed.iterator, list(flags), timer)
+                for flags in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0))}
+    assert runs[(0.0, 0.0)].steps == 4
+    assert not runs[(0.0, 0.0)].stop and not runs[(0.0, 0.0)].preempt
+    assert runs[(1.0, 0.0)].steps == 1 and runs[(1.0, 0.0)].stop
+    assert runs[(0.0, 1.0)].steps == 1 and runs[(0.0, 1.0)].preempt
