@@ -10,6 +10,10 @@ measurement. Engines alternate within each repeat; the table reports the
 median examples/s over the repeats and the Trainer's ratio to each engine:
 the median of the ratios within each repeat (runs of one repeat are
 minutes apart, so they share the machine's current speed).
+
+`--engines keras3,trainer,trainer_mpi` adds the Trainer on tfscale's MPI
+backend (needs `pip install -e '.[mpi]'`): the same step, the gradients
+summed by MPI over shared memory instead of gRPC.
 """
 
 import argparse
@@ -20,7 +24,9 @@ import subprocess
 import sys
 import tempfile
 
-ENGINES = ("tf_keras", "keras3", "trainer", "bare")
+ENGINES = ("tf_keras", "keras3", "trainer", "bare")  # the default set
+# The Trainer's engines: their ratios to every other engine are reported.
+OURS = ("trainer", "trainer_mpi")
 STEPS = {"cnn": (20, 100), "mlp": (100, 600)}  # (warm-up, measured)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,8 +35,10 @@ def measure(engine, model, num_workers, global_batch, threads) -> float:
     warmup, steps = STEPS[model]
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
+        backend = "mpi" if engine == "trainer_mpi" else "mwms"
         command = [sys.executable, "-m", "launch.local", "--num_workers",
                    str(num_workers), "--threads_per_worker", str(threads),
+                   "--backend", backend,
                    "--", sys.executable, "-m", "benchmarks.fit_worker",
                    f"--engine={engine}", f"--model={model}",
                    f"--steps={steps}", f"--warmup_steps={warmup}",
@@ -46,10 +54,18 @@ def measure(engine, model, num_workers, global_batch, threads) -> float:
             return json.load(f)["examples_per_second"]
 
 
-def paired_ratio(rates, model, engine) -> float:
-    """Median over repeats of trainer / engine within the same repeat."""
+def paired_ratio(rates, model, ours, engine) -> float:
+    """Median over repeats of ours / engine within the same repeat."""
     return statistics.median(t / e for t, e in zip(
-        rates[(model, "trainer")], rates[(model, engine)]))
+        rates[(model, ours)], rates[(model, engine)]))
+
+
+def ratio_pairs(engines) -> list:
+    """(ours, other): each Trainer engine against every engine listed
+    before it or not ours (so each pair of Trainer engines appears once)."""
+    return [(ours, other) for i, ours in enumerate(engines) if ours in OURS
+            for j, other in enumerate(engines)
+            if other != ours and (other not in OURS or j < i)]
 
 
 def main():
@@ -72,21 +88,20 @@ def main():
                 rates[(model, engine)].append(rate)
                 print(f"repeat {repeat} {model} {engine}: {rate:.0f} "
                       "examples/s", flush=True)
+    pairs = ratio_pairs(engines)
     header = "| model | " + " | ".join(engines) + " | " + " | ".join(
-        f"Trainer / {e}" for e in engines if e != "trainer") + " |"
+        f"{ours} / {other}" for ours, other in pairs) + " |"
     print()
     print(f"{args.num_workers} workers, global batch {args.global_batch}, "
           f"median of {args.repeats} (examples/s)")
     print(header)
-    print("|---" * (1 + len(engines) + len(engines) - 1) + "|")
+    print("|---" * (1 + len(engines) + len(pairs)) + "|")
     for model in models:
         median = {e: statistics.median(rates[(model, e)]) for e in engines}
         cells = [f"{median[e]:.0f}" for e in engines]
-        if "trainer" in median:
-            cells += [f"{paired_ratio(rates, model, e):.2f}x" for e in engines
-                      if e != "trainer"]
+        cells += [f"{paired_ratio(rates, model, ours, other):.2f}x"
+                  for ours, other in pairs]
         print(f"| {model} | " + " | ".join(cells) + " |")
-
 
 if __name__ == "__main__":
     main()

@@ -4,6 +4,9 @@ Engines, same model, data, optimizer and global batch:
     tf_keras   legacy Keras 2 (`tf_keras`) `model.fit` under MWMS
     keras3     Keras 3 `model.fit` with `tfscale.enable_multi_worker_fit()`
     trainer    `tfscale.Trainer.from_compiled(...).fit(dataset)`, defaults
+    trainer_mpi  the same with tfscale's MPI backend (`--backend mpi`: the
+               ranks of one `mpirun`, gradients summed by `MPI.Allreduce`,
+               shared memory on one host)
     bare       a hand-written `strategy.run` loop: one tf.function with
                forward, backward and `optimizer.apply`, loss read every step
 
@@ -79,7 +82,8 @@ def callback_class(keras):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--engine", required=True,
-                        choices=["tf_keras", "keras3", "trainer", "bare"])
+                        choices=["tf_keras", "keras3", "trainer",
+                                 "trainer_mpi", "bare"])
     parser.add_argument("--model", required=True, choices=["cnn", "mlp"])
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--warmup_steps", type=int, required=True)
@@ -88,13 +92,17 @@ def main():
     parser.add_argument("--timed_steps_per_log", type=int, default=4,
                         help="Trainer: steps per log interval run part by "
                         "part to measure the time split")
+    parser.add_argument("--log_steps", type=int, default=0,
+                        help="Trainer: print its line (examples/s, the time "
+                        "split) every this many steps (0: silent)")
     args = parser.parse_args()
 
     if args.engine == "tf_keras":
         import tf_keras as keras
     else:
         import keras
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    backend = "mpi" if args.engine == "trainer_mpi" else "mwms"
+    strategy, worker_index = make_strategy(backend)
     x, y = data(args.model)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(
         args.global_batch, drop_remainder=True).repeat()
@@ -109,19 +117,37 @@ def main():
             tfscale.enable_multi_worker_fit()
         model.fit(dataset, epochs=1, steps_per_epoch=total, callbacks=[tick],
                   verbose=0)
-    elif args.engine == "trainer":
+    elif args.engine in ("trainer", "trainer_mpi"):
         import tfscale
         trainer = tfscale.Trainer.from_compiled(
             model, tfscale.TrainConfig(
-                global_batch_size=args.global_batch, verbose=0,
-                timed_steps_per_log=args.timed_steps_per_log))
+                global_batch_size=args.global_batch,
+                verbose=2 if args.log_steps else 0,
+                log_steps=args.log_steps or 100,
+                timed_steps_per_log=args.timed_steps_per_log),
+            backend=backend)
         trainer.fit(dataset, epochs=1, steps_per_epoch=total, callbacks=[tick])
     else:
         bare_loop(strategy, model, dataset, total, args.global_batch, clock)
-    task = strategy.cluster_resolver.task_id
-    if task == 0:
+    if worker_index == 0:
         with open(args.result_file, "w") as f:
             json.dump({"examples_per_second": clock.examples_per_second()}, f)
+    if args.engine in ("trainer", "trainer_mpi"):
+        trainer.leave_together()
+
+
+def make_strategy(backend):
+    """(strategy, this worker's index): MultiWorkerMirroredStrategy from
+    TF_CONFIG, or with the MPI backend one single-replica strategy per rank
+    (`tfscale.cluster`)."""
+    if backend == "mwms":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        return strategy, strategy.cluster_resolver.task_id
+    from tfscale import cluster
+    from tfscale.cluster import strategies
+    info = cluster.resolve_cluster(backend=backend)
+    config = cluster.ClusterConfig(backend=backend)
+    return strategies.make_strategy(info, config), info.worker_index
 
 
 def bare_loop(strategy, model, dataset, steps, global_batch, clock):
