@@ -77,7 +77,10 @@ def estimator_outputs() -> dict:
     for step in range(300):
         small = (g2 + tr / 8) / 8 * rng.gamma(20.0, 1 / 20, 2)
         big = (g2 + tr / 64) * rng.gamma(20.0, 1 / 20, 2)
-        row = [1.0, 0.0, 0.0, *small, 8.0, *big, 1.0, 0.0]
+        row = [0.0] * layout.size
+        row[layout.LOSS] = 1.0
+        noise = [*small, 8.0, *big, 1.0]
+        row[layout.SIGNALS + 1:layout.SIGNALS + 1 + len(noise)] = noise
         scale.update(layout.noise(row))
         if step % 25 == 24:
             estimate = scale.estimate()

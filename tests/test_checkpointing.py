@@ -7,6 +7,7 @@ variable and both shapes.
 """
 
 import os
+import pathlib
 import re
 
 import keras
@@ -391,3 +392,27 @@ def test_phase_one_checkpoint_initialises_a_longer_sequence_phase_two(tmp_path):
     phase_two = bert.make_pretrainer(tiny(), 2 * SEQ, PRED + 2)
     checkpointing.restore_model(phase_two, str(tmp_path))
     assert_bit_identical(trainer.model.weights, phase_two.weights)
+
+
+def test_a_save_killed_midway_leaves_no_temp_folder_behind(tmp_path):
+    """TensorFlow writes a checkpoint's shards into `ckpt-N_temp/` and
+    merges them into place: a save killed there (kill -9) left the folder
+    for good. The next start removes it, the chief's and each worker's
+    input folder's, and resumes from the last whole checkpoint."""
+    from tests.test_trainer import data, dataset_fn_for, make_trainer
+    x, y = data()
+    config = TrainConfig(global_batch_size=16, save_checkpoints_steps=2,
+                         verbose=0, checkpoint_dir=str(tmp_path / "ckpt"))
+    trainer = make_trainer(mirrored(TWO_CPUS), config)
+    trainer.fit(dataset_fn_for(trainer, x, y), steps_per_epoch=4)
+    input_folder = checkpointing.input_dir(str(tmp_path / "ckpt"), 0, 1)
+    leftovers = [tmp_path / "ckpt" / "ckpt-6_temp",
+                 pathlib.Path(input_folder) / "ckpt-6_temp"]
+    for leftover in leftovers:  # what a save killed at step 6 leaves
+        leftover.mkdir()
+        (leftover / "part-00000-of-00001.data-00000-of-00001").write_bytes(
+            b"\0" * 64)
+    resumed = make_trainer(mirrored(TWO_CPUS), config)
+    resumed.fit(dataset_fn_for(resumed, x, y), steps_per_epoch=4, epochs=2)
+    assert int(resumed.step.numpy()) == 8
+    assert not any(leftover.exists() for leftover in leftovers)

@@ -127,9 +127,10 @@ def test_a_stop_inside_a_call_ends_it_on_every_worker_at_the_same_step(
         tmp_path_factory):
     # Worker 1 sets stop_training after the first call (steps 1-4); the
     # second call (steps 5-6) carries the flag in step 5's all-reduce and
-    # leaves its loop there, on both workers.
+    # leaves its loop there, on both workers. (Calls of exactly 4 steps:
+    # no wall-time bound.)
     out, _ = train(tmp_path_factory, "stopcall", 2, "--stop_at", "1",
-                   "--steps_per_execution", "4")
+                   "--steps_per_execution", "4", "--max_call_seconds", "0")
     assert load_events(out, 0)["step"] == 5
     assert load_events(out, 1)["step"] == 5
 

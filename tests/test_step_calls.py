@@ -115,9 +115,10 @@ class HostReads:
 
 @pytest.mark.parametrize("per_call", [20, 1])
 def test_the_host_reads_the_device_once_per_call(monkeypatch, per_call):
+    # (Calls of exactly per_call steps: no wall-time bound.)
     config = TrainConfig(global_batch_size=16, log_steps=20,
                          timed_steps_per_log=0, verbose=0,
-                         steps_per_execution=per_call)
+                         steps_per_execution=per_call, max_call_seconds=0)
     trainer = train(config, steps=20)  # traced and warm
     reads = HostReads(monkeypatch)
     x, y = data()
@@ -141,9 +142,10 @@ def test_a_stop_raised_in_a_callback_ends_training_after_that_call():
             if batch == 7:  # the end of the second call (steps 5-8)
                 self.model.stop_training = True
 
+    # (Calls of exactly 4 steps: no wall-time bound.)
     trainer = train(TrainConfig(global_batch_size=16, log_steps=100,
                                 timed_steps_per_log=0, verbose=0,
-                                steps_per_execution=4),
+                                steps_per_execution=4, max_call_seconds=0),
                     steps=40, callbacks=[StopAt()])
     assert int(trainer.step.numpy()) == 8
 
@@ -485,8 +487,73 @@ def test_the_loop_reads_no_step_output_to_go_on(layout):
         # flag ends the call after its first step, none lets it run whole.
         timer = StepTimer(16)
         runs = {flags: step.run(5, 4, feed.iterator, list(flags), timer)
-                for flags in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0))}
-    assert runs[(0.0, 0.0)].steps == 4
-    assert not runs[(0.0, 0.0)].stop and not runs[(0.0, 0.0)].preempt
-    assert runs[(1.0, 0.0)].steps == 1 and runs[(1.0, 0.0)].stop
-    assert runs[(0.0, 1.0)].steps == 1 and runs[(0.0, 1.0)].preempt
+                for flags in ((0.0, 0.0, 0.0), (1.0, 0.0, 0.0),
+                              (0.0, 1.0, 0.0))}
+    assert runs[(0.0, 0.0, 0.0)].steps == 4
+    assert not runs[(0.0, 0.0, 0.0)].stop and not runs[(0.0, 0.0, 0.0)].preempt
+    assert runs[(1.0, 0.0, 0.0)].steps == 1 and runs[(1.0, 0.0, 0.0)].stop
+    assert runs[(0.0, 1.0, 0.0)].steps == 1 and runs[(0.0, 1.0, 0.0)].preempt
+
+
+def test_the_pace_proposes_what_fits_the_bound_and_agrees_on_the_sum():
+    from tfscale.step.pace import CallPace
+    chief = CallPace(2.0, local_replicas=2, is_chief=True)
+    other = CallPace(2.0, local_replicas=2, is_chief=False)
+    # Until a proposal came back, one step per call (the first compiles).
+    assert chief.proposal() == 0.0 and chief.steps(1000) == 1
+    chief.observe(steps=10, seconds=0.5)  # 50 ms a step: 40 fit in 2 s,
+    assert chief.proposal() == 20.0  # at most twice the measured call's
+    chief.observe(steps=20, seconds=1.0)
+    other.observe(steps=20, seconds=0.1)
+    assert chief.proposal() == 40.0 and other.proposal() == 0.0
+    # The sum over the chief's 2 replicas, the others' zeros: every worker
+    # reads the same number and sizes its calls alike.
+    for pace in (chief, other):
+        pace.agree(2 * 40.0)
+        assert pace.steps(1000) == 40 and pace.steps(7) == 7
+    slow = CallPace(2.0, local_replicas=1, is_chief=True)
+    slow.observe(steps=1, seconds=30.0)  # a step longer than the bound
+    assert slow.proposal() == 1.0
+    unbounded = CallPace(None, local_replicas=1, is_chief=True)
+    unbounded.observe(steps=10, seconds=0.5)
+    assert unbounded.proposal() == 0.0 and unbounded.steps(1000) == 1000
+
+
+def slow_dataset_fn(trainer, x, y, seconds):
+    """`dataset_fn_for`'s batches, each `seconds` late: a step of known
+    length whatever the machine."""
+    from tensorflow.python.data.experimental.ops import testing
+    plain = dataset_fn_for(trainer, x, y)
+    return lambda context: plain(context).apply(
+        testing.sleep(int(seconds * 1e6)))
+
+
+@pytest.mark.parametrize("layout", sorted(LOOP_LAYOUTS))
+def test_a_call_ends_within_its_time_bound_at_any_steps_per_execution(
+        layout):
+    # 1,000 steps per call, Google's iterations_per_loop, and steps of at
+    # least 20 ms: calls of about 0.2 s, ~10 steps, after the first two
+    # (one step each: no pace agreed yet) and a few that grow (each at
+    # most twice a measured one). Without the bound (the mutation) the
+    # epoch's 60 steps are one or two calls.
+    devices, fields = LOOP_LAYOUTS[layout]
+
+    class CallEnds(keras.callbacks.Callback):
+        ends = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.ends.append(batch + 1)
+
+    recorder = CallEnds()
+    trainer = make_trainer(mirrored(devices), TrainConfig(
+        global_batch_size=16, log_steps=1000, timed_steps_per_log=0,
+        verbose=0, steps_per_execution=1000, max_call_seconds=0.2,
+        **fields))
+    x, y = data()
+    trainer.fit(slow_dataset_fn(trainer, x, y, 0.02), steps_per_epoch=60,
+                callbacks=[recorder])
+    ends = recorder.ends
+    calls = [b - a for a, b in zip([0] + ends, ends)]
+    assert sum(calls) == 60 and calls[:2] == [1, 1], calls
+    assert max(calls) <= 20, calls
+    assert len(calls) >= 8, calls

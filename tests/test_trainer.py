@@ -486,3 +486,28 @@ def test_a_resume_with_another_global_batch_says_both(tmp_path, capsys):
         "; input starts over (its saved state yields the checkpoint's "
         "batches, of another size); the checkpoint's run: global batch 16; "
         "this run: global batch 32")
+
+
+def test_a_second_fit_trains_on_as_keras_fit_does(tmp_path):
+    # Keras's fit called again trains `epochs - initial_epoch` more epochs
+    # from where the model is; the Trainer trained 0 steps and returned {}.
+    x, y = data()
+    keras_model, keras_optimizer, _ = build(tf.distribute.get_strategy())
+    keras_model.compile(optimizer=keras_optimizer, loss="mse")
+    trainer = make_trainer(mirrored(["/cpu:0"]), TrainConfig(
+        global_batch_size=16, verbose=0,
+        checkpoint_dir=str(tmp_path / "ckpt")))
+    runs = []
+    for epochs, initial in ((1, 0), (1, 0), (3, 1)):
+        keras_model.fit(x[:80], y[:80], batch_size=16, epochs=epochs,
+                        initial_epoch=initial, shuffle=False, verbose=0)
+        history = trainer.fit(dataset_fn_for(trainer, x[:80], y[:80]),
+                              steps_per_epoch=5, epochs=epochs,
+                              initial_epoch=initial)
+        runs.append((int(trainer.step.numpy()),
+                     int(keras_optimizer.iterations.numpy()),
+                     len(history.history.get("loss", []))))
+    assert runs == [(5, 5, 1), (10, 10, 1), (20, 20, 2)], runs
+    assert trainer.checkpoint_path.endswith("ckpt-20")
+    for a, b in zip(weights(keras_model), weights(trainer.model)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -395,3 +395,30 @@ def test_backup_and_restore_is_refused_with_the_state_sharded(tmp_path):
             keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))])
     assert raised.value.field == "shard_optimizer_state"
     assert "\n" not in str(raised.value)
+
+
+def test_a_whole_model_checkpoint_is_refused_with_the_state_sharded(
+        tmp_path):
+    """ModelCheckpoint(save_weights_only=False) under sharded state wrote
+    a .keras file without one Adam moment (rc 0, no word), and load_model
+    then restarted Adam from zero: refused in one line; the weights-only
+    file (the Trainer's checkpoints hold the moments) is fine."""
+    from tfscale.errors import ConfigError
+    from tfscale.keras import callback_files
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)])
+
+    def callbacks(whole):
+        return [keras.callbacks.ModelCheckpoint(
+            str(tmp_path / ("m.keras" if whole else "m.weights.h5")),
+            save_weights_only=not whole)]
+    with pytest.raises(ConfigError, match=r"ModelCheckpoint\(save_weights_"
+                       r"only=False\) cannot save a model whose optimizer "
+                       "state is sharded") as raised:
+        callback_files.fit_callbacks(
+            callbacks(True), model, None, verbose=0, progress_bar=False,
+            epochs=1, steps_per_epoch=1, sharded=True)
+    assert "\n" not in str(raised.value)
+    for whole, sharded in ((False, True), (True, False)):
+        callback_files.fit_callbacks(
+            callbacks(whole), model, None, verbose=0, progress_bar=False,
+            epochs=1, steps_per_epoch=1, sharded=sharded)

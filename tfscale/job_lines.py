@@ -29,9 +29,21 @@ def before(task, info, trainer, built, xla=None, xla_why="") -> str:
         workers_line(info, trainer),
         numerics_line(trainer.config, task.config.cluster, xla_why),
         f"  step: {trainer.step_layout}",
+        calls_line(trainer.config),
         *([f"  XLA on a GPU: {xla.description}"] if xla else []),
         *("  " + line for line in task.describe(built.model)),
         "  " + optimizer + _sharding(trainer)])
+
+
+def calls_line(train: TrainConfig) -> str:
+    """"  calls: up to 100 steps and about 2 s each (a signal is acted on
+    within that, a step and the save); log every 100 steps"."""
+    bound = (f" and about {train.max_call_seconds:g} s each (a signal is "
+             "acted on within that, a step and the save)"
+             if train.max_call_seconds else
+             " each, no time bound (a signal waits for the call in flight)")
+    return (f"  calls: up to {train.steps_per_execution} steps{bound}; log "
+            f"every {train.log_steps} steps")
 
 
 def _sharding(trainer) -> str:

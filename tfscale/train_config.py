@@ -4,6 +4,7 @@ checkpoints, logging). Frozen and validated on construction."""
 import dataclasses
 from typing import Optional
 
+from tfscale.cluster import devices
 from tfscale import precision as precision_lib
 from tfscale import xla_flags
 from tfscale.errors import ConfigError
@@ -53,8 +54,15 @@ class TrainConfig:
             compiled step runs (Keras's `steps_per_execution`, Google's
             `iterations_per_loop`): the host reads the device once per call,
             not once per step. A call ends at the next log or checkpoint
-            boundary; batch callbacks run once per call, as in Keras; a
-            preemption signal is acted on at the end of the call in flight.
+            boundary and within about `max_call_seconds`; batch callbacks
+            run once per call, as in Keras; a preemption signal is acted on
+            at the end of the call in flight.
+        max_call_seconds: The bound on one call's wall time, so that a
+            signal (SIGTERM, SIGUSR1) or `stop_training` is acted on within
+            about this many seconds plus a step and the save at any
+            `steps_per_execution` (`step/pace.py`): the steps per call are
+            sized from the measured step time, agreed by all workers. None
+            or 0: no bound (a call runs `steps_per_execution` steps).
         timed_steps_per_log: Steps per log interval run part by part to
             measure the time split (each part followed by a host wait): the
             interval's last ones (`step/plan.py`), and step 2, untimed,
@@ -92,6 +100,7 @@ class TrainConfig:
     max_checkpoints_to_keep: int = 5
     log_steps: int = 100
     steps_per_execution: int = 1
+    max_call_seconds: Optional[float] = 2.0
     timed_steps_per_log: int = 4
     verbose: int = 2
     shard_optimizer_state: bool = False
@@ -123,6 +132,11 @@ class TrainConfig:
         if self.steps_per_execution < 1:
             raise ValueError("steps_per_execution must be >= 1, got "
                              f"{self.steps_per_execution}")
+        if self.max_call_seconds is not None and not (
+                self.max_call_seconds >= 0):
+            raise ConfigError("max_call_seconds", "max_call_seconds must be "
+                              f">= 0 (0: no bound), got "
+                              f"{self.max_call_seconds}")
         if self.timed_steps_per_log < 0:
             raise ValueError("timed_steps_per_log must be >= 0")
 
@@ -133,8 +147,8 @@ def resolve_auto(config: TrainConfig, strategy) -> TrainConfig:
     all GPUs (`xla_flags.choose`), off on CPUs."""
     if config.jit_compile is not None and config.compile_update is not None:
         return config
-    devices = strategy.extended.worker_devices
-    on_gpus = all("GPU" in device.upper() for device in devices)
+    replica_devices = devices.worker_devices(strategy)
+    on_gpus = all("GPU" in device.upper() for device in replica_devices)
     return dataclasses.replace(
         config,
         jit_compile=xla_flags.choose(config.jit_compile, on_gpus)[0],

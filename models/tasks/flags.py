@@ -6,7 +6,6 @@ with the job's defaults); each `define_*` takes the entry point's
 values."""
 
 import os
-import sys
 
 from absl import flags as absl_flags
 
@@ -132,8 +131,9 @@ def define_auto_bool(flags, name: str, default, text: str, **kwargs) -> None:
 
 
 def fail(program: str, message: str):
-    """One line on stderr naming the program, non-zero exit."""
-    sys.exit(f"{program}: error: {message}")
+    """One line on stderr naming the program, exit 2 (`cli.usage_error`)."""
+    from tfscale.cli import usage_error
+    usage_error(program, message)
 
 
 def fail_on_config(program: str, error: ValueError, flags_values):
@@ -184,14 +184,26 @@ def data_service_from_flags(flags_values, output_dir: str,
 
 def define_log_interval(flags, default: int, **kwargs) -> None:
     """--iterations_per_loop (Google's name) and its alias --log_steps: the
-    log interval and the most steps one call of the compiled step runs;
-    --timed_steps_per_log: how many of them are timed part by part."""
+    log interval; --steps_per_execution and --max_call_seconds: how many
+    steps, and how many seconds, one call of the compiled step runs at most;
+    --timed_steps_per_log: how many steps per interval are timed part by
+    part."""
     flags.DEFINE_integer("iterations_per_loop", default,
-                         "Steps per host loop: the steps one call of the "
-                         "compiled step runs (the host reads the device once "
-                         "per call) and the loss/throughput log interval.",
-                         **kwargs)
+                         "Steps per host loop: the loss/throughput log "
+                         "interval (a call of the compiled step ends at its "
+                         "boundaries).", **kwargs)
     flags.DEFINE_alias("log_steps", "iterations_per_loop", **kwargs)
+    flags.DEFINE_integer("steps_per_execution", 0,
+                         "The most steps one call of the compiled step runs "
+                         "(Keras's name: the host reads the device once per "
+                         "call). 0: up to the log interval.", **kwargs)
+    flags.DEFINE_float("max_call_seconds", 2.0,
+                       "Bound on one call's wall time, so that SIGTERM or "
+                       "SIGUSR1 is acted on within about this many seconds, "
+                       "one step and the checkpoint's save at any "
+                       "--steps_per_execution (its steps sized from the "
+                       "measured step time, agreed by all workers). 0: no "
+                       "bound.", **kwargs)
     flags.DEFINE_integer("timed_steps_per_log", 4,
                          "Steps per log interval run part by part to measure "
                          "the time split (input, compute, sync, update), "
@@ -237,11 +249,12 @@ def cluster_from_flags(values, backend: str):
 def train_from_flags(values, *, precision: str, log_steps: int, **more):
     """A `TrainConfig` from the flags both jobs name alike (batch,
     accumulation, XLA, clipping, checkpoints in --output_dir, the noise
-    scale); `more`: fields of the entry point's own flags. The host loop is
-    the log interval: up to `log_steps` steps per call of the compiled step
-    (Google's `iterations_per_loop`), so the host reads the device once per
-    interval. `more` may give `global_batch_size` when the entry point
-    reads --train_batch_size otherwise (NVIDIA's batch per rank)."""
+    scale); `more`: fields of the entry point's own flags. `log_steps` is
+    the log interval (Google's `iterations_per_loop`); a call of the
+    compiled step runs up to --steps_per_execution steps (0: up to the log
+    interval) and about --max_call_seconds. `more` may give
+    `global_batch_size` when the entry point reads --train_batch_size
+    otherwise (NVIDIA's batch per rank)."""
     from tfscale.train_config import TrainConfig
     more.setdefault("global_batch_size", values.train_batch_size)
     return TrainConfig(
@@ -252,7 +265,9 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
         precision=precision,
         checkpoint_dir=os.path.join(values.output_dir, "checkpoints"),
         save_checkpoints_steps=values.save_checkpoints_steps,
-        log_steps=log_steps, steps_per_execution=log_steps, verbose=2,
+        log_steps=log_steps,
+        steps_per_execution=values.steps_per_execution or log_steps,
+        max_call_seconds=values.max_call_seconds, verbose=2,
         timed_steps_per_log=values.timed_steps_per_log,
         noise_scale=noise_scale_from_flags(values), **more)
 

@@ -113,6 +113,14 @@ def main(argv):
     p.add_argument("--backup_dir", default=None)
     p.add_argument("--gpu_branch", action="store_true",
                    help="tf.distribute's GPU branch (tests/gpu_branch.py)")
+    p.add_argument("--log_steps", type=int, default=0,
+                   help="the log interval (0: as --steps_per_execution says)")
+    p.add_argument("--max_call_seconds", type=float, default=2.0)
+    p.add_argument("--slow_input", type=float, default=0.0,
+                   help="each batch this many seconds late (a step of at "
+                        "least that length)")
+    p.add_argument("--progress", default=None,
+                   help="a file each call's end appends its step to")
     args = p.parse_args(argv)
 
     tf.config.experimental.enable_op_determinism()
@@ -159,9 +167,12 @@ def main(argv):
         num_accumulation_steps=args.accum, jit_compile=args.xla,
         clip_global_norm=args.clip, checkpoint_dir=args.checkpoint_dir,
         save_checkpoints_steps=args.save_steps,
-        log_steps=12 if args.steps_per_execution > 1 else 2,
-        timed_steps_per_log=1 if args.steps_per_execution > 1 else 4,
+        log_steps=args.log_steps or (12 if args.steps_per_execution > 1
+                                     else 2),
+        timed_steps_per_log=(0 if args.log_steps else
+                             1 if args.steps_per_execution > 1 else 4),
         steps_per_execution=args.steps_per_execution, verbose=2,
+        max_call_seconds=args.max_call_seconds,
         shard_optimizer_state=args.shard)
     trainer = trainer_lib.Trainer(
         model=model, optimizer=optimizer,
@@ -177,11 +188,22 @@ def main(argv):
         start = context.input_pipeline_id * per_replica
         ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(
             micro, drop_remainder=True).repeat()
-        return ds.map(lambda a, b: (a[start:start + per_replica],
-                                    b[start:start + per_replica]))
+        ds = ds.map(lambda a, b: (a[start:start + per_replica],
+                                  b[start:start + per_replica]))
+        if args.slow_input:
+            # tf.data's own sleep (its test op): the iterator still saves.
+            from tensorflow.python.data.experimental.ops import testing
+            ds = ds.apply(testing.sleep(int(args.slow_input * 1e6)))
+        return ds
 
     log = EventLog()
     callbacks = [log]
+    if args.progress:
+        class Progress(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                with open(args.progress, "a") as f:
+                    f.write(f"{int(trainer.step.numpy())}\n")
+        callbacks.append(Progress())
     if args.model_checkpoint:
         callbacks.append(keras.callbacks.ModelCheckpoint(
             args.model_checkpoint, save_weights_only=True))

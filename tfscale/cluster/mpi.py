@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tfscale.cluster import devices
 from tfscale.cluster import environment as cluster
 
 _INSTALL_HINT = ("the MPI backend needs mpi4py and an MPI library: "
@@ -107,7 +108,7 @@ class MpiCollectives:
         self._watchdog = (Watchdog(self.comm, timeout_seconds)
                           if timeout_seconds and self.num_workers > 1
                           else None)
-        device = strategy.extended.worker_devices[0]
+        device = devices.worker_devices(strategy)[0]
         if "GPU" in device.upper() and self.num_workers > 1 and self.is_chief:
             logging.warning(
                 "the MPI backend copies each step's gradients from %s to host "

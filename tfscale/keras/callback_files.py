@@ -101,9 +101,10 @@ def fit_callbacks(callbacks, model, worker_dir: Optional[str], *,
     worker (`worker_dir`), every file write routed there.
 
     Raises:
-        ConfigError: A BackupAndRestore with the optimizer state sharded
-            (`sharded`): its backup would hold the weights and the step
-            but not the moments, which the workers hold in slices.
+        ConfigError: A BackupAndRestore, or a ModelCheckpoint of the whole
+            model (`save_weights_only=False`), with the optimizer state
+            sharded (`sharded`): its file would hold the weights but not
+            the moments, which the workers hold in slices.
     """
     callbacks = list(callbacks)
     if sharded and any(isinstance(c, keras.callbacks.BackupAndRestore)
@@ -115,6 +116,17 @@ def fit_callbacks(callbacks, model, worker_dir: Optional[str], *,
             "the step, not the moments each worker holds a slice of. Resume "
             "from the Trainer's own checkpoints (TrainConfig(checkpoint_dir="
             "...)), which hold the whole optimizer state, or train unsharded")
+    if sharded and any(isinstance(c, keras.callbacks.ModelCheckpoint)
+                       and not c.save_weights_only for c in callbacks):
+        raise ConfigError(
+            "shard_optimizer_state", "keras.callbacks.ModelCheckpoint(save_"
+            "weights_only=False) cannot save a model whose optimizer state "
+            "is sharded (shard_optimizer_state=True): its .keras file would "
+            "hold the weights and none of the moments each worker holds a "
+            "slice of, and a load_model resume would restart the optimizer "
+            "from zero. Pass save_weights_only=True (and resume from the "
+            "Trainer's own checkpoints, TrainConfig(checkpoint_dir=...), "
+            "which hold the whole optimizer state), or train unsharded")
     make_backups_atomic(callbacks)
     if worker_dir:
         route_writes(callbacks, worker_dir)

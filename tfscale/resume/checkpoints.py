@@ -230,6 +230,7 @@ class CheckpointKeeper:
         if is_chief:
             write_dir = directory
             self._private_dir = None
+            remove_unfinished_saves(directory)
         else:
             self._private_dir = tempfile.mkdtemp(prefix="tfscale-ckpt-")
             write_dir = self._private_dir
@@ -259,6 +260,7 @@ class CheckpointKeeper:
 
     def track_input(self, iterator) -> None:
         """This worker's tf.data iterator, saved with every checkpoint."""
+        remove_unfinished_saves(self._input_dir)
         self._input_checkpoint = tf.train.Checkpoint(iterator=iterator)
         self._input_manager = tf.train.CheckpointManager(
             self._input_checkpoint, self._input_dir,
@@ -311,6 +313,20 @@ class CheckpointKeeper:
     def close(self):
         if self._private_dir:
             shutil.rmtree(self._private_dir, ignore_errors=True)
+
+
+def remove_unfinished_saves(directory: str) -> List[str]:
+    """Removes what saves killed mid-way left in `directory`: TensorFlow
+    writes a checkpoint's shards into `PREFIX_temp/` and merges them into
+    place, so a save killed (kill -9, a scheduler's SIGKILL) leaves that
+    folder, never a half checkpoint. Call it where one writer writes,
+    before it saves; returns what it removed."""
+    removed = []
+    for path in tf.io.gfile.glob(os.path.join(directory, "ckpt-*_temp")):
+        if tf.io.gfile.isdir(path):
+            tf.io.gfile.rmtree(path)
+            removed.append(path)
+    return removed
 
 
 def training_trackables(model, optimizer, step, *, loss_scale=None,

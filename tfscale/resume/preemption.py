@@ -6,12 +6,18 @@ unless something consumes the notice, training goes on until the SIGKILL
 (docs/facts.md, fact 19); a single-worker process simply dies.
 
 The Trainer consumes it without an extra collective: `SignalWatch` replaces
-the handler while `fit` runs and only records the signal. Each step's
-all-reduce carries every worker's flags next to the loss (see `step/train_step.py`),
-so one step after any worker was signalled, all workers know it at the same
-step; all save a checkpoint there and raise `Preempted`, a `SystemExit`
-with `PREEMPTED_EXIT_CODE`: an uncaught one ends the process with that code
-and the launcher restarts the job, which resumes from that checkpoint.
+the handler while `fit` runs and only records the signal. A call of the
+compiled step runs several steps with no host read between them, so the
+signal is seen when the call in flight ends, and calls are bounded in wall
+time (`TrainConfig.max_call_seconds`, `step/pace.py`) so that this is
+seconds away at any steps per call. Each step's all-reduce carries every
+worker's flags next to the loss (see `step/train_step.py`): the next call's
+first step tells every worker, at the same step; all save a checkpoint
+there and raise `Preempted`, a `SystemExit` with `PREEMPTED_EXIT_CODE`: an
+uncaught one ends the process with that code and the launcher restarts the
+job, which resumes from that checkpoint. With t the step time and S the
+save, the signal is saved within about max(bound, t) + t + S (one worker:
+without the t), docs/checkpoints.md.
 
 TensorFlow's `PreemptionCheckpointHandler` does the same with its own
 checkpoint manager and an extra coordination-service round trip per step;

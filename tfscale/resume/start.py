@@ -165,14 +165,16 @@ class FitStart:
         return Start(self._position.steps_taken, feed, restored,
                      line if restored else None)
 
-    def end(self, feed: Optional[ReplicaFeed]) -> None:
-        """After a fit, however it ended: its input closed, and the
+    def end(self, feed: Optional[ReplicaFeed],
+            wait_seconds: float = 0.0) -> None:
+        """After a fit, however it ended: its input closed (waiting up to
+        `wait_seconds` for its deletion: `ReplicaFeed.close`), and the
         checkpoints no longer holding it."""
         if self._keeper:
             self._keeper.untrack_input()
             self._keeper.close()
         if feed is not None:
-            feed.close()
+            feed.close(wait_seconds)
 
     def _make_feed(self, dataset_fn) -> ReplicaFeed:
         """This worker's input from `dataset_fn`."""

@@ -9,6 +9,8 @@
     losses.py        the loss per example and the metrics summed over workers
     plan.py, row.py  which steps a call runs and the row each returns (plain
                      Python, no TensorFlow)
+    pace.py          how many steps fit in a call's wall-time bound, agreed
+                     by all workers (plain Python)
 
 It imports `tfscale.train_config`, `tfscale.noise` and the cluster layer;
 the Trainer (`tfscale.trainer`) drives it.

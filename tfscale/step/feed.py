@@ -35,11 +35,14 @@ import tensorflow as tf
 from tfscale.cluster import fail_fast
 
 
-def delete_in_background(holder: list) -> None:
+def delete_in_background(holder: list) -> threading.Thread:
     """Drops the objects in `holder`, their only references, on another
-    thread, so a slow `tf.data` iterator deletion never blocks the caller."""
-    threading.Thread(target=holder.clear, name="tfscale-delete-iterator",
-                     daemon=False).start()
+    thread, so a slow `tf.data` iterator deletion never blocks the caller;
+    returns the thread."""
+    thread = threading.Thread(target=holder.clear,
+                              name="tfscale-delete-iterator", daemon=False)
+    thread.start()
+    return thread
 
 
 class InputPipelineError(Exception):
@@ -78,11 +81,15 @@ class ReplicaFeed:
         with tf.device("/cpu:0"):
             self.iterator = iter(dataset_fn(context))
 
-    def close(self) -> None:
+    def close(self, wait_seconds: float = 0.0) -> None:
         """Deletes the iterator (and its threads) in the background; call it
-        once nothing else (a checkpoint) refers to the iterator."""
+        once nothing else (a checkpoint) refers to the iterator. With
+        `wait_seconds`, waits that long at most for the deletion (a process
+        about to exit: it would wait for it then, alone)."""
         holder, self.iterator = [self.iterator], None
-        delete_in_background(holder)
+        thread = delete_in_background(holder)
+        if wait_seconds:
+            thread.join(timeout=wait_seconds)
 
     def take(self, iterator, num_micro_batches: int) -> tuple:
         """The next step's micro-batches from `iterator` (this feed's), each
@@ -119,8 +126,9 @@ class BatchCheck:
     global batch (`step/replica.py`): batches of the global size (Keras's
     habit) would train N x k times too hard, silently. A batch dimension
     known when the step is traced is checked then, in Python; an unknown one
-    (`Dataset.batch` without `drop_remainder`) on the device, on the first
-    step of each call (no cost to the other steps).
+    (`Dataset.batch` without `drop_remainder`) in every step of a call, by
+    a compare of the batch dimension where the shape lives (the host: no
+    read of the device).
 
     Args:
         per_replica_batch_size: What each replica takes per micro-batch.

@@ -3,11 +3,13 @@
 One float32 vector per step, so that a call of several steps returns its
 numbers in one tensor, read by the host once:
 
-    [loss, stop, preempt, noise..., skipped]
+    [loss, stop, preempt, pace, noise..., skipped]
 
 - loss: the global batch's loss, summed over replicas in the all-reduce;
 - stop, preempt: the workers' flags (`model.stop_training`, SIGTERM),
   summed in the same all-reduce: > 0 when any worker raised one;
+- pace: the chief's proposal of steps per call (`pace.py`), summed in the
+  same all-reduce (the others send 0): the same number on every worker;
 - noise, when the gradient noise scale is measured over G variable groups
   (`noise/scale.py`): G sums of the micro-batches' squared gradient norms
   and the micro-batch count (both summed in the all-reduce), then G squared
@@ -35,6 +37,7 @@ class StepsResult:
     Attributes:
         losses: Each step's global-batch loss (reduced over all replicas).
         stop, preempt: Whether any worker raised the flag (the last step).
+        pace: The reduced pace proposal the call carried (`pace.py`).
         metrics: {name: value} of the metrics after the last step.
         skipped: fp16: steps whose update was skipped (non-finite gradients).
         noise: Per step, its `NoiseNumbers`; empty when not measured.
@@ -46,6 +49,7 @@ class StepsResult:
     metrics: dict
     skipped: int = 0
     noise: Tuple[NoiseNumbers, ...] = ()
+    pace: float = 0.0
 
     @property
     def steps(self) -> int:
@@ -65,8 +69,9 @@ class RowLayout:
     LOSS = 0
     STOP = 1
     PREEMPT = 2
-    SIGNALS = 2  # the stop and preempt flags
-    _NOISE = 3  # where the noise numbers start
+    PACE = 3
+    SIGNALS = 3  # the stop and preempt flags, the pace proposal
+    _NOISE = 4  # where the noise numbers start
 
     @property
     def noise_width(self) -> int:
@@ -80,7 +85,8 @@ class RowLayout:
 
     @property
     def reduced_width(self) -> int:
-        """The all-reduced part: the replica's part and the two flags."""
+        """The all-reduced part: the replica's part, the two flags and
+        the pace."""
         return self.replica_width + self.SIGNALS
 
     @property
@@ -114,4 +120,4 @@ class RowLayout:
             stop=bool(last[self.STOP] > 0),
             preempt=bool(last[self.PREEMPT] > 0), metrics=metrics,
             skipped=int(sum(row[self.skipped] for row in rows)),
-            noise=noise)
+            noise=noise, pace=float(last[self.PACE]))

@@ -35,13 +35,14 @@ compiled inside it, as functions without a `merge_call`, and the update
 runs op by op.
 
 `run` is the loop's one entry point. A call runs up to n whole steps
-(Keras's `steps_per_execution`, Google's `iterations_per_loop`), reading
+(Keras's `steps_per_execution`, bounded in wall time by `pace.py`), reading
 the input inside it; every step's loss, flags and noise sums come back in
 one tensor. It leaves at the first step whose all-reduced flags ask to
 stop or save, on every worker alike; the flags hold for a whole call, so
 the first step's set the call's length and the loop reads nothing back
-after it. The last steps of each log interval run part by part (each part
-followed by a host wait) to time each part.
+after it. Every step's batch is checked (a compare of the batch dimension,
+on the host's copy of the shape). The last steps of each log interval run
+part by part (each part followed by a host wait) to time each part.
 """
 
 import dataclasses
@@ -51,6 +52,7 @@ from typing import Callable, Sequence
 import keras
 import tensorflow as tf
 
+from tfscale.cluster import devices
 from tfscale.step.losses import add_others, metric_variables
 from tfscale.step.feed import BatchCheck, input_error, is_input_error
 from tfscale.step.replica import ReplicaStep
@@ -144,7 +146,7 @@ class TrainStep:
         self._sharded = sharded
         self._split_steps = 0
         self.layout = Layout.of(
-            config, len(strategy.extended.worker_devices),
+            config, len(devices.worker_devices(strategy)),
             collectives.num_replicas, sharded is not None)
         self._batch_check = BatchCheck.of(config, collectives.num_replicas)
         self.replica = ReplicaStep(
@@ -290,34 +292,38 @@ class TrainStep:
 
         Args:
             iterator: This worker's `tf.data` iterator.
-            signals: float32 [2]: this worker's (stop, preempt) flags.
+            signals: float32 [3]: this worker's (stop, preempt) flags
+                and its pace proposal (`pace.py`).
             num_steps: int32: the most steps to run; the loop leaves after
                 the first step whose reduced flags are raised.
 
         Returns:
             (rows, metrics): rows [steps run, C], each
-            [loss, stop, preempt, noise numbers..., skipped] (the first
-            three summed over replicas); metrics: the metric results after
+            [loss, stop, preempt, pace, noise numbers..., skipped] (the
+            first four summed over replicas); metrics: the metric results after
             the last step, packed in one float32 vector.
         """
         k = self._config.num_accumulation_steps
 
-        def run_step(i, micro_batches, rows, checks=()):
-            with tf.control_dependencies(checks):
+        def run_step(i, rows):
+            # Each step's input batch checked (`BatchCheck`: a dimension
+            # unknown at tracing, compared where the shape lives, on the
+            # host): a short or doubled batch in mid-call is refused as on
+            # the call's first step.
+            micro_batches = self._take_batches(iterator, k)
+            with tf.control_dependencies(
+                    self._batch_check(self._strategy, micro_batches)):
                 row = self._step_program(micro_batches, signals)
             return row, rows.write(i, row)
 
         def one_step(i, rows):
-            _, rows = run_step(i, self._take_batches(iterator, k), rows)
+            _, rows = run_step(i, rows)
             return i + 1, rows
 
         rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True,
                               element_shape=[self.row.size])
-        # The first step apart: its input's batch is checked (`BatchCheck`),
-        # the loop's steps run unchecked.
-        first = self._take_batches(iterator, k)
-        row, rows = run_step(0, first, rows,
-                             self._batch_check(self._strategy, first))
+        # The first step apart: its flags set the call's length.
+        row, rows = run_step(0, rows)
         # Every worker's flags hold for its whole call, and the workers'
         # calls cover the same steps (`plan.steps_in_call`): the first
         # step's reduced flags are every step's. Read once, on the host,
@@ -338,7 +344,8 @@ class TrainStep:
         # The loss and the host's flags (stop_training, preemption) ride in
         # the gradients' all-reduce: every worker learns any worker's flags
         # at the same step, with no collective of their own; so do the
-        # noise scale's micro-batch norms and count (after the flags).
+        # chief's pace proposal (`pace.py`) and the noise scale's
+        # micro-batch norms and count (after the flags).
         control = tf.concat([loss[:1], tf.cast(signals, tf.float32),
                              loss[1:]], axis=0)
         assert control.shape[0] == self.row.reduced_width, control.shape
@@ -395,7 +402,8 @@ class TrainStep:
             step: The first step's number.
             num_steps: From `plan.steps_in_call(step, ...)`.
             iterator: This worker's input iterator.
-            signals: This worker's [stop, preempt] flags (0.0 / 1.0).
+            signals: This worker's [stop, preempt] flags (0.0 / 1.0) and
+                its pace proposal (`pace.CallPace.proposal`).
             timer: A `timing.StepTimer`.
             part_by_part: From `plan.part_by_part(step, ...)`: one step,
                 each part followed by a host wait (timed if
@@ -457,7 +465,7 @@ class TrainStep:
         loop's usual call), e.g. to count what runs outside XLA
         (`benchmarks/step_kernels.py`). Traces; runs nothing."""
         return self._steps_program.get_concrete_function(
-            iterator, tf.TensorSpec([2], tf.float32),
+            iterator, tf.TensorSpec([RowLayout.SIGNALS], tf.float32),
             tf.constant(num_steps)).graph
 
     def metric_results_names(self) -> list:

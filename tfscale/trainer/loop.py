@@ -20,11 +20,13 @@ to a person: `console.py`.
 
 import shutil
 import tempfile
+import time
 from typing import Callable, Optional, Sequence
 
 import keras
 import tensorflow as tf
 
+from tfscale.cluster import devices
 from tfscale.keras import callback_files
 from tfscale.trainer import console
 from tfscale.trainer import evaluation
@@ -33,9 +35,15 @@ from tfscale.trainer import memory
 from tfscale.trainer import parts as trainer_parts
 from tfscale.keras.callbacks import continue_tensorboard_steps
 from tfscale.resume.preemption import Preempted, SignalWatch
+from tfscale.step.pace import CallPace
 from tfscale.trainer.reporting import IntervalReport
 from tfscale.trainer.timing import StepTimer
 from tfscale.train_config import TrainConfig, resolve_auto
+
+
+# How long a preempted worker waits for its input's deletion before it
+# leaves with the others (within a scheduler's grace: docs/checkpoints.md).
+_PREEMPTED_DELETE_SECONDS = 10.0
 
 
 class Trainer:
@@ -110,11 +118,21 @@ class Trainer:
         self._saver.report = self._log
         self._noise_notice = parts.noise_notice  # said by the first fit
         self.timer = StepTimer(examples_per_step=config.global_batch_size)
+        # How many steps a call runs within `max_call_seconds`, agreed by
+        # all workers through the step's own all-reduce (`step/pace.py`).
+        self._pace = CallPace(
+            config.max_call_seconds,
+            local_replicas=len(devices.worker_devices(strategy)),
+            is_chief=self.is_chief)
         self._interval = IntervalReport(
             self.timer, optimizer=self.optimizer, loss_scale=self.loss_scale,
             noise_scale=self.noise_scale, adascale=self._adascale)
         self._adascale_end_logged = False
         self._verbose = config.verbose
+        # A fit returned on this Trainer: the next counts its epochs from
+        # where it starts, as Keras's fit does (the first fit of a process
+        # counts from the run's start, so a resumed run ends where it would).
+        self._fitted = False
 
     @property
     def optimizer_state_bytes(self) -> int:
@@ -183,6 +201,11 @@ class Trainer:
         docs/checkpoints.md). The Trainer's checkpoint wins over a
         `BackupAndRestore` callback; without one, its epoch is used.
 
+        Epochs: the first fit of a Trainer counts them from the run's
+        start (a resumed run trains what is left of `epochs`); a later fit
+        of the same Trainer trains `epochs - initial_epoch` more, as
+        Keras's `fit` does when called again.
+
         Args:
             x: `fn(tf.distribute.InputContext) -> tf.data.Dataset` of
                 per-replica batches (`(x, y)` or `(x, y, sample_weight)`) of
@@ -236,10 +259,12 @@ class Trainer:
         # SIGTERM from now on is a preemption request (see preemption.py).
         try:
             with SignalWatch() as watch, self._borrowed():
-                return self._fit(dataset_fn, callbacks, callback_list,
-                                 worker_dir, watch, steps_per_epoch, epochs,
-                                 validation_fn, validation_steps,
-                                 initial_epoch)
+                history = self._fit(dataset_fn, callbacks, callback_list,
+                                    worker_dir, watch, steps_per_epoch,
+                                    epochs, validation_fn, validation_steps,
+                                    initial_epoch)
+            self._fitted = True
+            return history
         except BaseException:
             # An error, a preemption (Preempted) or Ctrl-C: on_train_end
             # will not run, so what the callbacks logged is closed here.
@@ -276,10 +301,14 @@ class Trainer:
             self._log(self._noise_notice)
             self._noise_notice = None
         continue_tensorboard_steps(callbacks, start.step)
+        # The step epoch 0 of this fit starts at: the run's start, or for a
+        # later fit of this Trainer, where it begins (less initial_epoch's).
+        origin = (start.step - initial_epoch * steps_per_epoch
+                  if self._fitted else 0)
         logs = {}
-        for epoch in range(start.step // steps_per_epoch, epochs):
+        for epoch in range((start.step - origin) // steps_per_epoch, epochs):
             logs = self._train_epoch(self._replica_feed, callback_list, epoch,
-                                     steps_per_epoch, watch)
+                                     steps_per_epoch, watch, origin)
             if validation_fn is not None:
                 val = self.evaluate(validation_fn, steps=validation_steps)
                 logs.update({f"val_{k}": v for k, v in val.items()})
@@ -315,17 +344,18 @@ class Trainer:
 
     # ---- the loop ------------------------------------------------------------
 
-    def _train_epoch(self, feed, callback_list, epoch, steps_per_epoch, watch):
+    def _train_epoch(self, feed, callback_list, epoch, steps_per_epoch, watch,
+                     origin: int = 0):
         callback_list.on_epoch_begin(epoch)
         # The step in Python (the variable is for checkpoints): the loop
         # reads the device once per call of the compiled step.
         step = self.position.steps_taken
-        if step % steps_per_epoch == 0:
+        batch = (step - origin) % steps_per_epoch
+        if batch == 0:
             # (A resume inside an epoch keeps the restored running values.)
             for metric in self.metrics:
                 metric.reset_state()
         loss_total, seen, logs = 0.0, 0, {}
-        batch = step % steps_per_epoch
         while batch < steps_per_epoch:
             # TensorBoard counts batch callbacks; its steps are the
             # optimizer's: it adds 1 here, the call's first step.
@@ -382,6 +412,14 @@ class Trainer:
             stop, preempt = self.model.stop_training, watch.requested
         if preempt:
             self._saver.save()
+            # The input's iterator deleted now, while every peer is alive
+            # (waiting below): TF 2.21's deletion can stall for seconds
+            # (step/feed.py), and a process that stalls at its exit after
+            # its peers left has its coordination service report them
+            # crashed ("StartAbort ... The tasks have crashed").
+            self._fit_start.end(self._replica_feed,
+                                wait_seconds=_PREEMPTED_DELETE_SECONDS)
+            self._replica_feed = None
             # Exit together: an MPI launcher ends the job as soon as one
             # rank exits, possibly before the chief's checkpoint is done.
             self.leave_together()
@@ -395,16 +433,22 @@ class Trainer:
 
     def _run_steps(self, feed, first: int, most: int, watch):
         """The next call of the compiled step: one or more optimizer steps
-        from step number `first` (`StepPlan.steps_in_call`), with this
-        worker's flags."""
+        from step number `first` (`StepPlan.steps_in_call`, within the
+        agreed wall-time bound: `step/pace.py`), with this worker's flags
+        and pace proposal."""
         plan = self._train_step.plan
         count = (1 if self._adascale is not None  # its rate moves each step
-                 else plan.steps_in_call(first, most))
+                 else self._pace.steps(plan.steps_in_call(first, most)))
+        part_by_part = plan.part_by_part(first, most)
         signals = [float(bool(self.model.stop_training)),
-                   float(watch.requested)]
-        return self._train_step.run(first, count, feed.iterator, signals,
-                                    self.timer,
-                                    plan.part_by_part(first, most))
+                   float(watch.requested), self._pace.proposal()]
+        started = time.perf_counter()
+        result = self._train_step.run(first, count, feed.iterator, signals,
+                                      self.timer, part_by_part)
+        if not part_by_part:
+            self._pace.observe(result.steps, time.perf_counter() - started)
+        self._pace.agree(result.pace)
+        return result
 
     def adascale_summary(self) -> Optional[dict]:
         """AdaScale's steps, progress, mean gain and examples; None

@@ -15,6 +15,8 @@ from typing import Any, Callable, Optional
 
 from tfscale import _compat
 from tfscale.cluster import collectives as collectives_lib
+from tfscale.cluster import devices, environment
+from tfscale.errors import ConfigError
 from tfscale.trainer import evaluation
 from tfscale.cluster import fail_fast
 from tfscale.noise import scale as noise_lib
@@ -91,6 +93,27 @@ def _optimizer(model, optimizer, strategy, config: TrainConfig,
     return optimizer, loss_scale, sharded
 
 
+def check_default_strategy(strategy, backend) -> None:
+    """A model built and compiled outside any `strategy.scope()` trains on
+    TensorFlow's default strategy, as Keras's `fit` does: one replica, on
+    this process alone. Raises ConfigError when this process is one of
+    several workers (TF_CONFIG, SLURM, MPI), which would each train alone."""
+    if backend != "mwms" or not devices.is_default_strategy(strategy):
+        return
+    try:
+        info = environment.resolve_cluster()
+    except environment.ClusterError:
+        return  # said by whatever builds the cluster
+    if info.num_workers > 1:
+        raise ConfigError(
+            "strategy", f"this process is worker {info.worker_index} of "
+            f"{info.num_workers} ({info.source}), but the model was built "
+            "outside any strategy's scope, so each worker would train "
+            "alone: build and compile it under `with strategy.scope():` "
+            "(strategy = tfscale.make_strategy(tfscale.resolve_cluster(), "
+            "tfscale.ClusterConfig()))")
+
+
 def assemble(*, model, optimizer, loss_fn: Callable, strategy,
              config: TrainConfig, metrics: list, backend,
              take_batches: Callable) -> Parts:
@@ -102,6 +125,7 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
         ValueError: The global batch does not divide into replicas x
             accumulation steps, or the model is not built.
     """
+    check_default_strategy(strategy, backend)
     collectives = (collectives_lib.make(backend, strategy)
                    if isinstance(backend, str) else backend)
     replicas = collectives.num_replicas

@@ -41,6 +41,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from tfscale.cluster import devices
 from tfscale import _compat
 from tfscale.errors import ConfigError
 from tfscale.optim.lamb import Lamb, matches_any
@@ -130,7 +131,7 @@ class ShardedOptimizer:
                               "constraint have no sharded update")
         self._collectives = collectives
         self._strategy = strategy
-        device = strategy.extended.worker_devices[0]
+        device = devices.worker_devices(strategy)[0]
         self.layout = Layout([v.shape for v in self.variables],
                              collectives.num_replicas,
                              collectives.worker_index)

@@ -1,0 +1,176 @@
+r"""From a SIGTERM to the checkpoint, at any steps per call.
+
+    python -m benchmarks.preemption --output_dir runs/preemption \
+        --steps_per_call 10,100,1000 --bounds 0,2
+
+Runs the real job (`run_pretraining.py`, BERT-tiny on the demo's records,
+`--workers` workers through `launch.local`) once per steps-per-call and
+`--max_call_seconds` bound (0: none, a call runs all its steps), sends
+SIGTERM to the last worker `--signal_after` seconds after the start banner
+(past tracing and compilation), and times the signal to the line of the
+saved preemption checkpoint. With no bound, a signal waits for the call in
+flight: up to steps-per-call steps. A last run per steps-per-call without a
+signal gives the step time (summary.json), which turns seconds into steps.
+Output: report.md and results.json in --output_dir.
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from benchmarks.exit_time import make_records
+
+
+def launch_command(pattern, corpus, out, *, workers, backend, steps,
+                   per_call, bound, extra=()):
+    mpi = ["--backend", "mpi"] if backend == "mpi" else []
+    return [sys.executable, "-m", "launch.local", "--num_workers",
+            str(workers), "--threads_per_worker",
+            str(max(1, (os.cpu_count() or 2) // workers)), *mpi, "--",
+            sys.executable, "run_pretraining.py", f"--input_file={pattern}",
+            f"--output_dir={out}", f"--bert_config_file={corpus}/bert_config.json",
+            "--max_seq_length=64", "--max_predictions_per_seq=10",
+            "--train_batch_size=32", f"--num_train_steps={steps}",
+            "--num_warmup_steps=10", f"--save_checkpoints_steps={steps}",
+            f"--iterations_per_loop={per_call}", f"--max_call_seconds={bound}",
+            "--timed_steps_per_log=0", f"--backend={backend}", *extra]
+
+
+def worker_pids(marker: str) -> list:
+    """The workers (or mpirun's ranks) whose command line holds `marker`,
+    oldest first."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        if (b"run_pretraining.py" in command and marker.encode() in command
+                and b"launch" not in command):
+            found.append((int(fields[19]), int(name)))  # start time, pid
+    return [pid for _, pid in sorted(found)]
+
+
+def preempted_run(command, signal_after: float, marker: str) -> dict:
+    """Runs `command`; SIGTERM to its last worker `signal_after` s after the
+    banner; returns the saved step and the seconds from signal to save."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    sent, saved, lines = [], [], []
+
+    def send():
+        pids = worker_pids(marker)
+        if pids:
+            os.kill(pids[-1], signal.SIGTERM)
+            sent.append(time.monotonic())
+
+    for line in proc.stdout:
+        lines.append(line)
+        if "calls: up to" in line and not sent:
+            timer = threading.Timer(signal_after, send)
+            timer.daemon = True
+            timer.start()
+        found = re.search(r"preempted: checkpoint at step (\d+) saved", line)
+        if found and not saved:
+            saved.append((int(found.group(1)), time.monotonic()))
+    code = proc.wait()
+    result = {"exit_code": code, "signalled": bool(sent),
+              # A peer's collective aborted after a clean preemption.
+              "abort_lines": sum("StartAbort" in line or "have crashed" in line
+                                 for line in lines)}
+    if sent and saved:
+        result.update(saved_step=saved[0][0],
+                      signal_to_save_seconds=saved[0][1] - sent[0])
+    elif sent:
+        result["tail"] = "".join(lines[-15:])
+    return result
+
+
+def step_seconds(command) -> float:
+    """The steady step time of an uninterrupted run (its summary.json)."""
+    out = command[command.index("--") + 1:]
+    output_dir = next(a.split("=", 1)[1] for a in out
+                      if a.startswith("--output_dir="))
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.STDOUT)
+    with open(os.path.join(output_dir, "summary.json")) as f:
+        summary = json.load(f)
+    return summary["global_batch_size"] / summary["examples_per_second"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output_dir", default="runs/preemption")
+    parser.add_argument("--steps_per_call", default="10,100,1000")
+    parser.add_argument("--bounds", default="0,2",
+                        help="--max_call_seconds values (0: no bound)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--backend", default="mwms", choices=["mwms", "mpi"])
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--signal_after", type=float, default=20.0)
+    parser.add_argument("--step_time_steps", type=int, default=200,
+                        help="steps of the run that measures the step time")
+    args = parser.parse_args()
+    root = os.path.abspath(args.output_dir)
+    os.makedirs(root, exist_ok=True)
+    pattern = make_records(root)
+    corpus = os.path.join(root, "corpus")
+    results = []
+    for per_call in [int(v) for v in args.steps_per_call.split(",")]:
+        for bound in [float(v) for v in args.bounds.split(",")]:
+            out = os.path.join(root, f"call{per_call}-bound{bound:g}")
+            subprocess.run(["rm", "-rf", out], check=True)
+            command = launch_command(
+                pattern, corpus, out, workers=args.workers,
+                backend=args.backend, steps=args.steps, per_call=per_call,
+                bound=bound)
+            row = {"steps_per_call": per_call, "max_call_seconds": bound,
+                   **preempted_run(command, args.signal_after, out)}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+        timing_dir = os.path.join(root, f"call{per_call}-timing")
+        subprocess.run(["rm", "-rf", timing_dir], check=True)
+        # Log intervals of 50 steps: the steady ones leave compilation out.
+        seconds = step_seconds(launch_command(
+            pattern, corpus, timing_dir, workers=args.workers,
+            backend=args.backend, steps=args.step_time_steps,
+            per_call=min(per_call, 50), bound=0))
+        for row in results:
+            if row["steps_per_call"] == per_call:
+                row["step_seconds"] = seconds
+    with open(os.path.join(root, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    lines = [f"# SIGTERM to checkpoint: {args.workers} worker(s), "
+             f"{args.backend}, BERT-tiny (seq 64, batch 32)", "",
+             "| steps per call | --max_call_seconds | saved at step | signal -> "
+             "save (s) | in steps (at the measured step time) |",
+             "|---:|---:|---:|---:|---:|"]
+    for row in results:
+        if "signal_to_save_seconds" not in row:
+            lines.append(f"| {row['steps_per_call']} | "
+                         f"{row['max_call_seconds']:g} | - | no save "
+                         f"(exit {row['exit_code']}) | - |")
+            continue
+        seconds = row["signal_to_save_seconds"]
+        lines.append(f"| {row['steps_per_call']} | {row['max_call_seconds']:g}"
+                     f" | {row['saved_step']} | {seconds:.1f} | "
+                     f"{seconds / row['step_seconds']:.0f} |")
+    report = "\n".join(lines) + "\n"
+    with open(os.path.join(root, "report.md"), "w") as f:
+        f.write(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
