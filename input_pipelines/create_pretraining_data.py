@@ -43,7 +43,6 @@ import glob
 import hashlib
 import os
 import shutil
-import sys
 import time
 
 from absl import flags, logging
@@ -51,6 +50,7 @@ from absl import flags, logging
 from input_pipelines import bert_instances as bi
 from input_pipelines import output_claim
 from input_pipelines.prepare import buckets, engine
+from tfscale.cli import usage_error
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "Text files (globs, comma list).")
@@ -82,7 +82,7 @@ CORPUS_BYTES_PER_PROCESS = 4 << 20
 
 
 def fail(message: str):
-    sys.exit(f"create_pretraining_data: error: {message}")
+    usage_error("create_pretraining_data", f"{message}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +192,10 @@ def plan_output(config: WriterConfig) -> Layout:
              f"{other[0]} ({len(other)} files of another shard count, which "
              "a glob of the shards would read too); remove them or choose "
              "another --output_file")
-    kept = plan.keep()
+    try:
+        kept = plan.keep()
+    except shard_writer.OutputError as e:
+        fail(str(e))
     workdir = os.path.join(folder, f".{stem}.buckets-{plan.digest[:16]}")
     # Other plans' bucket folders (runs killed before they ended): this
     # run holds the output's claim, so no one writes them.

@@ -320,7 +320,10 @@ def _build(config: WriterConfig, show_progress: bool,
     plan = _plan(config, names, tasks)
     if held:
         held.note_plan(plan.digest)
-    kept = plan.keep()
+    try:
+        kept = plan.keep()
+    except shard_writer.OutputError as e:
+        raise ImageFolderError(str(e)) from None
     todo = [tasks[i] for i in range(shards) if i not in kept]
     kept_images = sum(len(tasks[i].items) for i in kept)
     leftovers = shard_writer.remove_leftovers(names)

@@ -14,12 +14,12 @@ this process, --num_processes local processes or on a Dask scheduler's
 workers (--scheduler, --scheduler_file; `input_pipelines/prepare`).
 """
 
-import sys
 import time
 
 from absl import app, flags
 
 from input_pipelines.prepare import engine, indexing
+from tfscale.cli import usage_error
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("verify", True, "Also read every record through "
@@ -44,7 +44,7 @@ def main(argv):
         files = record_files.expand_files(argv[1:])
         config = engine.config_from_flags(FLAGS, FLAGS.num_processes)
     except ValueError as e:
-        sys.exit(f"index_records: error: {e}")
+        usage_error("index_records", f"{e}")
     sizes = [os.path.getsize(f) for f in files]
     start = time.perf_counter()
     try:
@@ -55,7 +55,7 @@ def main(argv):
             work_per_process=BYTES_PER_PROCESS, describe=lambda t: t.name,
             unit="byte", show_progress=True)
     except (ValueError, engine.TaskError) as e:
-        sys.exit(f"index_records: error: {e}")
+        usage_error("index_records", f"{e}")
     records = sum(r[0] for r in results)
     built = sum(r[1] for r in results)
     seconds = time.perf_counter() - start

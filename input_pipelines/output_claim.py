@@ -89,6 +89,20 @@ def describe(holder: dict) -> str:
             f"{holder.get('host')} since {started}{plan}")
 
 
+def _ended(holder: dict) -> bool:
+    """Whether the process a claim file names is known to have ended (on
+    this host; another host's cannot be asked)."""
+    if holder.get("host") != socket.gethostname() or not holder.get("pid"):
+        return False
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def shared(folder: str) -> bool:
     """Whether users other than its owner may write in `folder`."""
     return bool(os.stat(folder).st_mode & 0o022)
@@ -143,12 +157,17 @@ def claim(folder: str, name: str, tool: str,
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 holder = _read(fd)
+                who = describe(holder) if holder else "a writer"
+                if holder and _ended(holder):
+                    # The holder took the claim read-only (another user's
+                    # claim file): the file still names whoever wrote it.
+                    who = ("a writer that cannot sign the claim file (it "
+                           f"names {describe(holder)}, which has ended)")
                 raise ClaimError(
                     f"{os.path.join(folder, name)}*: another writer is "
-                    f"writing this output now: "
-                    f"{describe(holder) if holder else 'a writer'} (its "
-                    f"claim: {path}); wait for it to end or stop it, or "
-                    "write elsewhere") from None
+                    f"writing this output now: {who} (its claim: {path}); "
+                    "wait for it to end or stop it, or write elsewhere"
+                ) from None
             say(f"{tool}: warning: {path}: this file system has no locks "
                 f"({e.strerror}): nothing stops a second writer of "
                 f"{os.path.join(folder, name)}* from mixing its shards in")

@@ -8,7 +8,12 @@
   attempts at one shard (a retry after a worker died, or both at once)
   write the same bytes, and the last rename wins with them.
 - `Plan`: what a run will write, as a digest kept in a hidden manifest; a
-  rerun with the same digest keeps the shards an earlier run completed.
+  rerun with the same digest keeps the shards an earlier run completed. A
+  rerun with another digest removes the earlier shards, but only once it
+  knows it can finish: never another user's files (a shared folder), and
+  never before the folder is known writable (`OutputError`, one line); the
+  manifest is replaced whole (a temporary file renamed), never rewritten
+  in place.
 - `remove_leftovers(names)`: the temporary files of attempts that died.
 """
 
@@ -17,7 +22,9 @@ import glob
 import hashlib
 import json
 import os
+import pwd
 import sys
+import tempfile
 import uuid
 from typing import Callable, Iterable, Sequence, Set
 
@@ -64,6 +71,64 @@ def complete(name: str) -> bool:
     return record_index.read_saved(name) is not None
 
 
+class OutputError(ValueError):
+    """The output cannot be written as planned; the message, one line,
+    names the file or folder."""
+
+
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _check_replaceable(folder: str, paths: Sequence[str]) -> None:
+    """Raises `OutputError` unless this user can remove every file of
+    `paths` and write new ones in `folder`: checked before anything is
+    removed, so a refused rerun leaves the earlier run's output whole."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"{folder}: this user cannot write there: write "
+                          "the output to a folder you can write")
+    me = os.geteuid()
+    for path in paths:
+        uid = os.stat(path).st_uid
+        if uid != me:
+            raise OutputError(
+                f"{path}: an earlier run with other settings wrote it, and "
+                f"it belongs to {_owner(uid)}: this run would replace it, "
+                "and does not remove another user's files; remove them, "
+                "or write to another output")
+
+
+def _write_manifest(path: str, content: dict) -> None:
+    """The manifest, whole or not at all: a temporary file renamed over
+    it (unchanged: left alone, which also keeps another user's file)."""
+    data = json.dumps(content)
+    if "://" in path:
+        with tf.io.gfile.GFile(path, "w") as f:
+            f.write(data)
+        return
+    try:
+        with open(path) as f:
+            if f.read() == data:
+                return
+    except OSError:
+        pass
+    folder, base = os.path.split(path)
+    fd, partial = tempfile.mkstemp(prefix=f"{base}.", suffix=".partial",
+                                   dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)
+    except BaseException:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What a run writes: `digest` covers everything the bytes depend on."""
@@ -87,7 +152,13 @@ class Plan:
         manifest to say which) are removed first, with their indexes, and
         `say` gets one line naming them: a run killed mid-way and rerun
         never mixes two plans' shards. Then records this plan. Call it
-        holding the output's claim (`output_claim`)."""
+        holding the output's claim (`output_claim`).
+
+        Raises:
+            OutputError: An earlier plan's file this user may not remove
+                (another user's), or a folder it cannot write: nothing
+                removed.
+        """
         earlier = None
         if tf.io.gfile.exists(self.manifest):
             with tf.io.gfile.GFile(self.manifest) as f:
@@ -101,6 +172,14 @@ class Plan:
         else:
             removed = [name for name in self.names
                        if "://" not in name and os.path.exists(name)]
+            doomed = [path for name in self.names if "://" not in name
+                      for path in (name, record_index.index_path(name),
+                                   record_index.fingerprint_path(name))
+                      if os.path.exists(path)]
+            if "://" not in self.manifest:
+                _check_replaceable(os.path.dirname(self.manifest) or ".",
+                                   doomed + ([self.manifest] if earlier
+                                             else []))
             if removed:
                 said = ("no manifest" if earlier is None
                         else f"plan {str(earlier)[:16]}")
@@ -110,13 +189,10 @@ class Plan:
                     f"plan {self.digest[:16]}): "
                     + ", ".join(os.path.basename(n) for n in removed[:3])
                     + (", ..." if len(removed) > 3 else ""))
-            for name in self.names:
-                for path in (name, record_index.index_path(name),
-                             record_index.fingerprint_path(name)):
-                    if "://" not in name and os.path.exists(path):
-                        os.remove(path)
-        with tf.io.gfile.GFile(self.manifest, "w") as f:
-            json.dump({"digest": self.digest, "shards": len(self.names)}, f)
+            for path in doomed:
+                os.remove(path)
+        _write_manifest(self.manifest, {"digest": self.digest,
+                                        "shards": len(self.names)})
         return kept
 
 

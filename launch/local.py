@@ -36,7 +36,8 @@ import time
 from typing import List, Mapping, Optional, Sequence
 
 from launch import children, gpus, mpi_ranks, ports, workers
-from tfscale.cluster.contract import PREEMPTED_EXIT_CODE
+from tfscale.cluster.contract import (CONFIG_ERROR_EXIT_CODE,
+                                      PREEMPTED_EXIT_CODE)
 
 
 def worker_specs(command: Sequence[str], num_workers: int,
@@ -109,6 +110,7 @@ class LaunchConfig:
     data_service_dir: Optional[str] = None
     gpus_per_worker: Optional[int] = None
     bind_gpus: bool = True
+    share_gpus: bool = False
     failure_grace_seconds: float = 5.0
 
     def __post_init__(self):
@@ -149,14 +151,19 @@ def run(command: Sequence[str], num_workers: int, *,
 
     A worker that fails (crash, kill -9, or exit 143 after saving a
     preemption checkpoint) stops the attempt; while restarts remain, all
-    workers start again and resume from the latest checkpoint. SIGTERM to
-    the launcher is passed on to the workers (they save a checkpoint and
-    exit), SIGINT too.
+    workers start again and resume from the latest checkpoint. A worker
+    that exits 2 (a setting it cannot run with, `CONFIG_ERROR_EXIT_CODE`)
+    ends the job: another attempt would fail alike. SIGTERM to the
+    launcher is passed on to the workers (they save a checkpoint and exit
+    within `grace_seconds`), SIGINT too; a worker still running when the
+    grace runs out is SIGKILLed, and the launcher says so.
 
     Returns:
         0 if every worker exited 0; else the shell status of the first
         worker that failed in the last attempt; 128 + N after signal N
-        reached the launcher (130 for Ctrl-C, 143 for SIGTERM).
+        reached the launcher (130 for Ctrl-C, 143 for SIGTERM) and every
+        worker left within the grace; 137 (SIGKILL's) when one had to be
+        killed: no preemption checkpoint can be assumed.
 
     Raises:
         ValueError: `max_restarts` < 0 or another bad argument.
@@ -210,7 +217,16 @@ def _starter(config: LaunchConfig, command, base_env, out, worker_ports):
     """`start()` -> a running group of the workers: the processes with a
     TF_CONFIG each ("mwms"), or the ranks of one mpirun ("mpi"); GPUs bound
     per worker (`launch/gpus.py`)."""
-    bind = config.bind_gpus or config.gpus_per_worker is not None
+    if config.share_gpus:
+        if config.gpus_per_worker is not None:
+            raise ValueError("--share_gpus and --gpus_per_worker exclude "
+                             "each other")
+        # Every worker sees every GPU of the host, each taking memory as
+        # it needs it (several processes on one GPU: a test of a
+        # multi-worker layout on a one-GPU machine).
+        base_env = dict(base_env, TF_FORCE_GPU_ALLOW_GROWTH="true")
+    bind = not config.share_gpus and (
+        config.bind_gpus or config.gpus_per_worker is not None)
     host_gpus = gpus.host_gpus(base_env) if bind else []
     if config.backend == "mpi":
         if bind and (host_gpus or config.gpus_per_worker is not None):
@@ -256,19 +272,31 @@ def _supervise(config: LaunchConfig, start, interrupted, out) -> int:
         if interrupted:
             sig = interrupted[0]
             _say(out, f"{signal.Signals(sig).name}: passing it to all "
-                      f"workers")
-            group.stop(config.grace_seconds, sig=sig)
+                      f"workers (grace {config.grace_seconds:g} s)")
+            killed = group.stop(config.grace_seconds, sig=sig)
+            if killed:
+                _say_killed(out, killed, config.grace_seconds)
+                return 128 + int(signal.SIGKILL)
             return 128 + int(sig)
         if failure is None:
             group.stop(config.grace_seconds)
             return 0
         index, code = failure
         who = "an MPI rank" if index is None else f"worker {index}"
+        if code == CONFIG_ERROR_EXIT_CODE:
+            _say(out, f"{who} stopped on an error a restart would repeat "
+                      f"(exit {code}){workers.last_words(group, index, code)}"
+                      "; stopping the other workers, no restart")
+            group.stop(config.failure_grace_seconds, sig=signal.SIGTERM)
+            return code
         if code == PREEMPTED_EXIT_CODE:
             # The others are saving the same checkpoint: let them finish.
             _say(out, f"{who} was preempted (exit {code}, checkpoint "
                       "saved); waiting for the others")
-            group.stop(config.grace_seconds, sig=None)
+            killed = group.stop(config.grace_seconds, sig=None)
+            if killed:
+                _say_killed(out, killed, config.grace_seconds)
+                code = -int(signal.SIGKILL)
         else:
             # The others cannot finish a step without it; SIGTERM first
             # lets a write in progress (a backup, a checkpoint) end before
@@ -282,6 +310,16 @@ def _supervise(config: LaunchConfig, start, interrupted, out) -> int:
                       f"starting {config.num_workers} workers again (cause: "
                       f"{who} {children.describe_exit(code)})")
     return children.shell_code(code)
+
+
+def _say_killed(out, killed, grace_seconds: float) -> None:
+    """One line: the grace ran out and these workers were SIGKILLed."""
+    who = ("the MPI ranks" if killed == [None] else
+           ", ".join(f"worker {i}" for i in killed))
+    _say(out, f"the grace of {grace_seconds:g} s ran out: SIGKILLed {who} "
+              "before it finished (a preemption checkpoint may be missing; "
+              "exit 137). Raise --grace_seconds, or lower the workers' "
+              "--max_call_seconds")
 
 
 def _start_service(num_workers, work_dir, port, base_env, out):
@@ -336,8 +374,11 @@ def _parser() -> argparse.ArgumentParser:
                              "(default: cores / num_workers)")
     parser.add_argument("--grace_seconds", type=float, default=30.0,
                         help="seconds workers get to exit (and save a "
-                             "checkpoint) after a signal before SIGKILL "
-                             "(default: 30)")
+                             "checkpoint) after a signal before SIGKILL; "
+                             "the launcher says when it ran out and exits "
+                             "137. It must hold the workers' worst case: "
+                             "--max_call_seconds (2 by default), one step "
+                             "and the save (default: 30)")
     parser.add_argument("--failure_grace_seconds", type=float, default=5.0,
                         help="after a worker fails, seconds the others get "
                              "between SIGTERM and SIGKILL (a file being "
@@ -347,6 +388,13 @@ def _parser() -> argparse.ArgumentParser:
                              "worker i gets GPUs i*K..i*K+K-1 of the host); "
                              "0: none (default: 1 when the host has GPUs, "
                              "nvidia-smi -L or CUDA_VISIBLE_DEVICES)")
+    parser.add_argument("--share_gpus", action="store_true",
+                        help="every worker sees every GPU of the host, with "
+                             "TF_FORCE_GPU_ALLOW_GROWTH=true (several "
+                             "workers on one GPU, e.g. to try a multi-worker "
+                             "layout on a one-GPU machine; MWMS needs "
+                             "--all_reduce_alg=ring there: NCCL refuses two "
+                             "ranks on one GPU)")
     parser.add_argument("--data_service_workers", type=int, default=0,
                         help="also start a tf.data service with this many "
                              "workers on this host; the training workers "
@@ -384,6 +432,7 @@ def parse_args(argv: Sequence[str]):
             data_service_workers=args.data_service_workers,
             data_service_dir=args.data_service_dir,
             gpus_per_worker=args.gpus_per_worker,
+            share_gpus=args.share_gpus,
             failure_grace_seconds=args.failure_grace_seconds)
     except ValueError as e:
         parser.error(str(e))

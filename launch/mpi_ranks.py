@@ -194,16 +194,21 @@ class MpiGroup:
         except ProcessLookupError:
             pass
 
-    def stop(self, grace_seconds: float, sig=signal.SIGTERM):
+    def stop(self, grace_seconds: float, sig=signal.SIGTERM) -> list:
+        """As `workers.ProcessGroup.stop`; the ranks are one process group
+        (mpirun's): [None] when it was still running at the grace's end."""
         if sig is not None:
             self.signal_all(sig)
         deadline = time.monotonic() + grace_seconds
         while time.monotonic() < deadline and not self.all_done():
             time.sleep(workers.POLL_SECONDS)
+        killed = []
         if not self.all_done():
+            killed = [None]
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self.proc.wait()
         self._thread.join(timeout=5)
+        return killed

@@ -109,22 +109,29 @@ class ProcessGroup:
                 except ProcessLookupError:
                     pass
 
-    def stop(self, grace_seconds: float, sig=signal.SIGTERM):
+    def stop(self, grace_seconds: float, sig=signal.SIGTERM) -> list:
         """Signals every live worker, then kills what is left after grace.
 
         With `sig=None` the workers are not signalled first (they are
         finishing by themselves, e.g. saving a preemption checkpoint).
+
+        Returns:
+            The indexes of the workers still running when the grace ran
+            out (SIGKILLed).
         """
         if sig is not None:
             self.signal_all(sig)
         deadline = time.monotonic() + grace_seconds
         while time.monotonic() < deadline and not self.all_done():
             time.sleep(POLL_SECONDS)
+        killed = [i for i, proc in enumerate(self.procs)
+                  if proc.poll() is None]
         self.signal_all(signal.SIGKILL)
         for proc in self.procs:
             proc.wait()
         for thread in self._threads:
             thread.join(timeout=5)
+        return killed
 
 
 # A line that states an error: Python's last traceback line

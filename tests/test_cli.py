@@ -40,7 +40,7 @@ def test_a_finished_job_leaves_at_once_with_everything_flushed(tmp_path):
     for config, code, text in (("ok", 0, "no newline, no flush"),
                                ("preempt", 143, "prog: preempted: checkpoint "
                                 "at step 7 saved to ckpt-7"),
-                               ("error", 1, "prog: error: --input_file: no "
+                               ("error", 2, "prog: error: --input_file: no "
                                 "files match"),
                                ("crash", 1, "Traceback (most recent call "
                                 "last)")):

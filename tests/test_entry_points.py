@@ -93,6 +93,64 @@ def test_the_core_install_runs_the_job(corpus, tmp_path):  # noqa: F811
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 6
+    # What tfscale-plan needs to say a CPU run is not a GPU's.
+    assert summary["device"]["kind"] == "cpu"
+    assert summary["gradient_tensors"] > 10
     assert [row["timed_steps"] for row in summary["intervals"]] == [0, 0]
     lines = [line for line in done.stderr.splitlines() if "examples/s" in line]
     assert len(lines) == 2 and not any("timed steps" in l for l in lines)
+
+
+def refusing_extras(root):
+    """A folder whose modules stand in for every extra's, each refusing to
+    import (a core install)."""
+    for name in EXTRAS_MODULES:
+        (root / name).mkdir(parents=True)
+        (root / name / "__init__.py").write_text(
+            f"raise ImportError('{name} is an extra')\n")
+    return root
+
+
+HELP = ["models.tasks.run_pretraining", "models.tasks.train_image_classifier",
+        "models.tasks.export_bert", "input_pipelines.create_pretraining_data",
+        "input_pipelines.build_image_records", "input_pipelines.index_records"]
+
+
+@pytest.mark.parametrize("module", HELP)
+def test_help_works_on_the_core_install(module, tmp_path):
+    # The writers' --help printed a 27-line chained traceback ending in
+    # [prepare]: tqdm was imported when the module loaded.
+    refuse = refusing_extras(tmp_path / "refuse")
+    done = subprocess.run(
+        [sys.executable, "-c", f"from {module} import run; run()", "--help"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": f"{refuse}:{REPO}"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "flags:" in done.stdout
+
+
+def test_a_missing_extra_is_one_line_naming_it(corpus, tmp_path):  # noqa: F811
+    """A writer run and `tfscale-plan --plot` on the core install: one line
+    naming the extra and the pip command, no traceback, exit 2."""
+    refuse = refusing_extras(tmp_path / "refuse")
+    env = {**os.environ, "PYTHONPATH": f"{refuse}:{REPO}"}
+    runs = {
+        "prepare": [sys.executable, "-m",
+                    "input_pipelines.create_pretraining_data",
+                    f"--input_file={corpus}/corpus.txt",
+                    f"--vocab_file={corpus}/vocab.txt",
+                    f"--output_file={tmp_path}/out/train.tfrecord",
+                    "--max_seq_length=32", "--max_predictions_per_seq=5"],
+        "plot": [sys.executable, "-m", "planning.cli", "--parameters",
+                 "110e6", "--micro_batch", "32", "--micro_ms", "100",
+                 "--gpus", "8,16", "--plot", str(tmp_path / "p.png")],
+    }
+    for extra, command in runs.items():
+        done = subprocess.run(command, cwd=REPO, capture_output=True,
+                              text=True, timeout=180, env=env)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2, (extra, done.stderr[-3000:])
+        assert "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert f"tfscale's [{extra}] extra: pip install \".[{extra}]\"" in \
+            lines[-1], (extra, lines[-3:])
+        assert done.stdout.strip() == "", done.stdout  # no table first

@@ -128,12 +128,14 @@ def test_bad_record_on_one_worker_ends_the_entry_point_job(
     started = time.time()
     code, output = run_command(launcher(backend) + [
         sys.executable, "run_pretraining.py", *args], timeout=400)
-    assert code == 1, output[-5000:]
-    assert ("[launcher] worker 1 failed (exit code 1): run_pretraining: "
-            "error: --input_file: bad input record: ") in output, \
-        output[-5000:]
+    # (A bad record is no passing failure: exit 2, which no launcher
+    # restarts.)
+    assert code == 2, output[-5000:]
+    assert ("[launcher] worker 1 stopped on an error a restart would repeat "
+            "(exit 2): run_pretraining: error: --input_file: bad input "
+            "record: ") in output, output[-5000:]
     failed = [line for line in output.splitlines()
-              if line.startswith("[launcher] worker 1 failed")][0]
+              if line.startswith("[launcher] worker 1 stopped")][0]
     assert any(os.path.basename(name) in failed for name in own), failed
     # Started, trained some steps, failed: far less than the 120 s a
     # collective would wait for the failed worker.

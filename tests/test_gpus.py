@@ -120,3 +120,21 @@ def test_mpi_ranks_of_launch_local_each_get_their_gpu(four_gpu_host):
     seen = sorted(l.split("sees ")[1] for l in output.splitlines()
                   if "sees " in l)
     assert seen == ["'0'", "'1'"]
+
+
+def test_shared_gpus_let_every_worker_see_the_hosts_gpu(four_gpu_host):
+    """--share_gpus: two workers on a one-GPU host both see it, with memory
+    growth on (a multi-worker layout tried on one GPU)."""
+    env = dict(four_gpu_host, CUDA_VISIBLE_DEVICES="0")
+    show = [sys.executable, "-c",
+            "import os; print('sees', os.environ.get('CUDA_VISIBLE_DEVICES'),"
+            " os.environ.get('TF_FORCE_GPU_ALLOW_GROWTH'))"]
+    code, output = run_command(
+        [sys.executable, "-m", "launch.local", "--num_workers", "2",
+         "--share_gpus", "--", *show], env=env)
+    assert code == 0, output
+    assert output.count("sees 0 true") == 2, output
+    code, output = run_command(
+        [sys.executable, "-m", "launch.local", "--num_workers", "2", "--",
+         *show], env=env)
+    assert code == 2 and "needs 2 GPUs; this host has 1" in output, output

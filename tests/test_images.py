@@ -138,7 +138,8 @@ def test_writer_reads_a_flat_folder_with_one_label_per_image(folder, records,
             "labels.txt", ".tfscale-index", ".validation.manifest.json",
             ".validation.writer.lock"])  # (empty: released)
     assert sorted(os.listdir(os.path.join(out, ".tfscale-index"))) == sorted(
-        os.path.basename(f) + ".index.npz" for f in files)  # the global order's
+        os.path.basename(f) + suffix for f in files  # the global order's
+        for suffix in (".index.npz", ".fingerprint"))
 
     def fails(match, **changes):
         with pytest.raises(image_folder.ImageFolderError, match=match):

@@ -274,16 +274,21 @@ SLEEPER = ("import signal, sys, time\n"
            "def term(*_):\n"
            "    open(sys.argv[1] + '.' + __import__('os').environ["
            "'TFSCALE_WORKER_INDEX'], 'w').close()\n"
+           "    if len(sys.argv) > 2: time.sleep(float(sys.argv[2]))\n"
            "    sys.exit(143)\n"
            "signal.signal(signal.SIGTERM, term)\n"
            "print('ready', flush=True)\n"
            "time.sleep(600)\n")
 
 
-def start_sleepers(tmp_path):
+def start_sleepers(tmp_path, *launcher_args, save_seconds=None):
+    """Two workers that exit 143 on SIGTERM (after `save_seconds`, as a
+    slow save would)."""
     marker = str(tmp_path / "sigterm")
+    saving = [] if save_seconds is None else [str(save_seconds)]
     command = [sys.executable, "-m", "launch.local", "--num_workers", "2",
-               "--", sys.executable, "-c", SLEEPER, marker]
+               *launcher_args, "--", sys.executable, "-c", SLEEPER, marker,
+               *saving]
     proc = subprocess.Popen(command, cwd=REPO, env=dict(os.environ,
                                                         PYTHONPATH=REPO),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -317,6 +322,65 @@ def test_sigterm_reaches_every_worker_and_exits_143(tmp_path):
     assert "SIGTERM: passing it to all workers" in output
     assert os.path.exists(marker + ".0") and os.path.exists(marker + ".1")
     assert processes_mentioning(marker) == []
+
+
+def test_a_grace_that_runs_out_is_said_and_is_not_a_saved_preemption(
+        tmp_path):
+    # The workers take 30 s to "save"; the launcher gives them 1 s: it
+    # SIGKILLs them, says so, and exits 137, not 143 (which a scheduler
+    # reads as "checkpoint saved").
+    proc, marker = start_sleepers(tmp_path, "--grace_seconds", "1",
+                                  save_seconds=30)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 137, output
+    assert ("[launcher] the grace of 1 s ran out: SIGKILLed worker 0, "
+            "worker 1 before it finished") in output, output
+    assert processes_mentioning(marker) == []
+
+
+CONFIG_ERROR = ("import os, sys\n"
+                "print('started', os.environ['TFSCALE_WORKER_INDEX'], "
+                "flush=True)\n"
+                "if os.environ['TFSCALE_WORKER_INDEX'] == '1':\n"
+                "    sys.stderr.write('job: error: --flag: bad value\\n')\n"
+                "    sys.exit(2)\n"
+                "import time; time.sleep(600)\n")
+
+
+def test_a_configuration_error_is_not_restarted(tmp_path):
+    code, output = launch(["--num_workers", "2", "--max_restarts", "3",
+                           "--failure_grace_seconds", "1", "--",
+                           sys.executable, "-c", CONFIG_ERROR,
+                           str(tmp_path)])
+    assert code == 2, output
+    assert ("[launcher] worker 1 stopped on an error a restart would repeat "
+            "(exit 2): job: error: --flag: bad value; stopping the other "
+            "workers, no restart") in output, output
+    assert "restart 1/3" not in output
+    assert output.count("started 1") == 1
+
+
+def test_the_templates_grace_holds_the_default_call_bound():
+    """SLURM's --signal lead and Kubernetes' terminationGracePeriodSeconds
+    hold the worst case from SIGTERM to the checkpoint with room: the call
+    in flight (the default --max_call_seconds), a step and the save."""
+    import glob
+    import re
+    from tfscale.train_config import TrainConfig
+    bound = TrainConfig(global_batch_size=1).max_call_seconds
+    leads = []
+    for path in glob.glob(os.path.join(REPO, "launch", "slurm*.sbatch")):
+        found = re.search(r"#SBATCH --signal=(?:B:)?(?:TERM|USR1)@(\d+)",
+                          open(path).read())
+        if found:
+            leads.append(int(found.group(1)))
+    assert len(leads) >= 4 and min(leads) >= 30 * bound, leads
+    yaml = open(os.path.join(REPO, "launch", "kubernetes.yaml")).read()
+    grace = int(re.search(r"terminationGracePeriodSeconds: (\d+)",
+                          yaml).group(1))
+    assert grace >= 30 and grace >= 15 * bound
+    assert local.LaunchConfig(1).grace_seconds >= 15 * bound
 
 
 def test_a_rank_that_aborts_on_a_lost_peer_is_called_a_victim():

@@ -334,7 +334,7 @@ def test_mixed_command_line_is_one_error_line_from_the_entry_point(tmp_path):
         [sys.executable, "run_pretraining.py", f"--input_file={tmp_path}/x",
          f"--output_dir={tmp_path}/out", "--use_horovod",
          "--num_accumulation_steps=2", "--train_batch_size=32"], timeout=120)
-    assert code == 1, output[-3000:]
+    assert code == 2, output[-3000:]
     last = output.strip().splitlines()[-1]
     assert last.startswith("run_pretraining: error: --input_file (Google's"), last
     assert "--use_horovod (NVIDIA's" in last and "32 as 32 or 64" in last

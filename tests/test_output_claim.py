@@ -162,3 +162,89 @@ def test_a_shared_folder_is_not_locked_by_another_users_past_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "claimed"
     assert os.path.exists(index.index_path(names[1]))
+
+
+@as_another_user
+def test_a_rerun_in_a_shared_folder_never_removes_another_users_shards(
+        corpus, tmp_path):  # noqa: F811
+    """One user writes BERT records into a folder all may write; another
+    reruns the writer there with another seed. It must refuse in one line
+    before it removes anything (it removed the first user's 4 complete
+    shards, then died on their manifest with a traceback)."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    code, output = run_command(bert_writer(corpus, folder,
+                                           "--num_output_shards=4"),
+                               timeout=300)
+    assert code == 0, output
+    shards = sorted(folder.glob("train-*"))
+    before = {p.name: p.read_bytes() for p in shards}
+    assert len(before) == 4
+    give_away(*folder.rglob("*"))  # every file and folder the run left
+    proc = subprocess.run(
+        [SETPRIV, "--bounding-set", "-dac_override,-dac_read_search,-fowner",
+         "--", *bert_writer(corpus, folder, "--num_output_shards=4",
+                            "--random_seed=2")],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert last.startswith(
+        f"create_pretraining_data: error: {shards[0]}: an earlier run with "
+        "other settings wrote it, and it belongs to nobody"), last
+    assert {p.name: p.read_bytes()
+            for p in sorted(folder.glob("train-*"))} == before
+
+
+def test_the_manifest_is_replaced_whole_never_rewritten_in_place(tmp_path):
+    names = [str(tmp_path / "s-0")]
+    manifest = tmp_path / ".s.manifest.json"
+    shard_writer.Plan(str(manifest), names, "1" * 64).keep(lambda _: None)
+    first = os.stat(manifest).st_ino
+    os.chmod(manifest, 0o444)  # another user's, or read-only: no matter
+    shard_writer.Plan(str(manifest), names, "2" * 64).keep(lambda _: None)
+    assert os.stat(manifest).st_ino != first  # a new file renamed over it
+    assert '"digest": "' + "2" * 64 in manifest.read_text()
+    assert [p for p in os.listdir(tmp_path) if p.endswith(".partial")] == []
+
+
+@as_another_user
+def test_a_claim_held_read_only_does_not_name_a_dead_writer(tmp_path):
+    """A shared folder whose claim file belongs to another user, naming
+    that user's past writer (killed, so it never released it). Writer B
+    takes the claim read-only (it cannot write its own name there); a third
+    writer is refused, and must not call the dead one the holder."""
+    import json
+    import socket
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           stdout=subprocess.PIPE, text=True).stdout.strip()
+    lock = output_claim.lock_path(str(folder), "train")
+    with open(lock, "w") as f:
+        json.dump({"host": socket.gethostname(), "pid": int(ended),
+                   "started": 0, "tool": "writer A"}, f)
+    os.chmod(lock, 0o644)
+    give_away(lock)
+    holder = subprocess.Popen(
+        [SETPRIV, "--bounding-set", "-dac_override,-dac_read_search,-fowner",
+         "--", sys.executable, "-c", HOLD.replace("writer A", "writer B"),
+         str(folder)], cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(output_claim.ClaimError) as refused:
+            with output_claim.claim(str(folder), "train", "writer C",
+                                    lambda line: None):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    message = str(refused.value)
+    assert "another writer is writing this output now: a writer that " \
+           f"cannot sign the claim file (it names writer A pid {ended} " in \
+           message, message

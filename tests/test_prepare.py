@@ -94,7 +94,8 @@ def open_files(pid):
 
 def digests(folder):
     """{relative path: sha256} of every file, index files included (their
-    offsets: the stamp beside them names this copy's inode and times)."""
+    offsets, and the fingerprints' content digests: the stamp beside them
+    names this copy's inode and times)."""
     import numpy as np
     result = {}
     for root, _, files in os.walk(folder):
@@ -103,6 +104,9 @@ def digests(folder):
             if name.endswith(".index.npz"):
                 with np.load(path) as index:
                     data = index["offsets"].tobytes()
+            elif name.endswith(".fingerprint"):
+                with open(path) as f:  # "STAMP DIGEST": the content's digest
+                    data = f.read().split()[-1].encode()
             else:
                 with open(path, "rb") as f:
                     data = f.read()

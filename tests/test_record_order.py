@@ -611,6 +611,34 @@ def test_a_chmod_or_a_hard_link_during_the_run_is_not_a_rewrite(tmp_path):
         assert decode_ids(*reader.read(np.array([5, 1]))) == [5, 1]
 
 
+def test_metadata_changes_to_one_file_any_number_of_times_are_no_rewrite(
+        tmp_path):
+    """A chmod, then a hard link, then a chmod again of the same files, on
+    records indexed ahead of time whose digests could not be saved (a
+    read-only mount: the saved ones are gone once the reader is made). A
+    run passed the chmod and stopped at the hard link ("is not the file
+    that was indexed"), and a read-only copy stopped at the first chmod."""
+    files = write_ids(tmp_path, [5, 5])
+    for name in files:
+        record_index.write(name)  # index_records' and the writers' work
+    offsets = record_index.load(files)
+    reader = RecordReader(files, offsets, max_open_files=1)
+    for name in files:
+        os.remove(record_index.fingerprint_path(name))
+    (tmp_path / "snapshot").mkdir()
+    changes = [lambda n: os.chmod(n, 0o600),
+               lambda n: os.link(n, tmp_path / "snapshot" /
+                                 (os.path.basename(n) + ".1")),
+               lambda n: os.chmod(n, 0o644),
+               lambda n: os.link(n, tmp_path / "snapshot" /
+                                 (os.path.basename(n) + ".2"))]
+    for change in changes:
+        for name in files:
+            change(name)
+        for _ in range(2):  # each read reopens the other file
+            assert decode_ids(*reader.read(np.array([5, 1]))) == [5, 1]
+
+
 def test_a_rewrite_that_sets_the_mtime_back_is_still_refused(tmp_path):
     """Same inode, same size, the mtime set back (`touch -r`): only the
     ctime says so, and the content differs."""

@@ -21,7 +21,7 @@ from absl import app, flags
 # Lines TensorFlow prints while it loads and looks for GPUs. On a host with
 # no NVIDIA device they say nothing ("failed call to cuInit: ... CUDA error"
 # reads as a failure), so a quiet run drops them there.
-from tfscale.cluster.contract import CPU_HOST_NOISE
+from tfscale.cluster.contract import CONFIG_ERROR_EXIT_CODE, CPU_HOST_NOISE
 
 
 class _NoTensorFlowInfo(logging.Filter):
@@ -76,22 +76,37 @@ def _load_tensorflow_without_gpu_noise() -> None:
                 sys.stderr.flush()
 
 
+def usage_error(program: str, message: str):
+    """One line on stderr naming the program, and exit
+    `CONFIG_ERROR_EXIT_CODE` (2): a setting the program cannot run with,
+    which launchers do not restart."""
+    sys.stderr.write(f"{program}: error: {message}\n")
+    sys.stderr.flush()
+    sys.exit(CONFIG_ERROR_EXIT_CODE)
+
+
 def run_job(program: str, job: Callable, config) -> None:
     """Runs `job(config)` on this worker, then leaves the process (`leave`):
-    exit 0; a `JobError` becomes one line on stderr and exit 1; preemption
-    prints a line and exits 143 after the checkpoint (launchers and
-    schedulers restart the job); any other error, its traceback and exit 1.
+    exit 0; a `JobError` becomes one line on stderr and exit 2
+    (`CONFIG_ERROR_EXIT_CODE`: launchers do not restart), or 1 when another
+    attempt may succeed (`JobError.restartable`); preemption prints a line
+    and exits 143 after the checkpoint (launchers and schedulers restart
+    the job); any other error, its traceback and exit 1.
     """
+    from tfscale.errors import MissingExtra
     from tfscale.jobs import JobError
     from tfscale.resume.preemption import Preempted
     raise_open_file_limit()
     try:
         job(config)
+    except MissingExtra as e:
+        print(f"{program}: error: {e}", file=sys.stderr)
+        leave(CONFIG_ERROR_EXIT_CODE)
     except JobError as e:
         print(f"{program}: error: "
               f"{e.line(getattr(config, 'flag_names', None))}",
               file=sys.stderr)
-        leave(1)
+        leave(1 if e.restartable else CONFIG_ERROR_EXIT_CODE)
     except Preempted as e:
         print(f"{program}: {e}", file=sys.stderr)
         leave(e.code)
@@ -120,7 +135,7 @@ def entry_point(program: str, make_config: Callable, job: str,
     def main(argv):
         from absl import logging as absl_logging
         if len(argv) > 1:
-            sys.exit(f"{program}: error: unexpected arguments {argv[1:]}")
+            usage_error(program, f"unexpected arguments {argv[1:]}")
         quiet_tensorflow(absl_logging.get_verbosity())  # --verbosity
         config = make_config()
         module, function = job.split(":")
@@ -142,13 +157,29 @@ def run_main(program: str, main: Callable, required=()) -> None:
             (("train_files", "nodo_train"): training needs files).
     """
     def checked(argv):
+        from tfscale.errors import MissingExtra
         missing = missing_flag(required)
         if missing:
-            sys.exit(f"{program}: error: {missing} is required")
-        return main(argv)
+            usage_error(program, f"{missing} is required")
+        try:
+            return main(argv)
+        except MissingExtra as e:
+            usage_error(program, str(e))
 
     list_flags_in_help()
-    app.run(checked)
+    app.run(checked, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv):
+    """absl's parsing, a bad flag answered as absl answers it but with
+    `CONFIG_ERROR_EXIT_CODE` (absl exits 1, which reads as a crash)."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        sys.stderr.write(f"FATAL Flags parsing error: {e}\n"
+                         "Pass --helpshort or --helpfull to see help on "
+                         "flags.\n")
+        sys.exit(CONFIG_ERROR_EXIT_CODE)
 
 
 def missing_flag(required) -> str:

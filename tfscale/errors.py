@@ -45,3 +45,9 @@ class ConfigError(ValueError):
     def __init__(self, field: str, message: str):
         self.field = field
         super().__init__(message)
+
+
+class MissingExtra(ImportError):
+    """An optional module is not installed; the message names the module,
+    its extra and the pip command, in one line (the entry points print it
+    so, with no traceback)."""

@@ -50,11 +50,16 @@ class JobError(Exception):
 
     Attributes:
         setting: The config field (and flag) at fault, or None.
+        restartable: Whether another attempt may succeed (a peer or a
+            service not up yet, a port still held); False: the entry point
+            exits `CONFIG_ERROR_EXIT_CODE` and launchers do not restart.
     """
 
-    def __init__(self, setting: Optional[str], message: str):
+    def __init__(self, setting: Optional[str], message: str, *,
+                 restartable: bool = False):
         self.setting = setting
         self.message = message
+        self.restartable = restartable
         super().__init__(f"--{setting}: {message}" if setting else message)
 
     def line(self, flag_names=None) -> str:
@@ -320,13 +325,13 @@ def _initial_weights(task: Task, trainer: Trainer, model) -> Optional[str]:
 
 
 @contextlib.contextmanager
-def blame(setting: str, *errors):
+def blame(setting: str, *errors, restartable: bool = False):
     """Turns `errors` raised inside the block into a `JobError` naming
     `setting` (their message is already the one line the user reads)."""
     try:
         yield
     except errors as e:
-        raise JobError(setting, str(e)) from None
+        raise JobError(setting, str(e), restartable=restartable) from None
 
 
 def start_worker(cluster: ClusterConfig, *, output_dir: str, precision: str,
@@ -347,7 +352,8 @@ def start_worker(cluster: ClusterConfig, *, output_dir: str, precision: str,
         precision_lib.set_precision(precision)
         return info, strategies.make_strategy(info, cluster)
     except cluster_lib.ClusterError as e:
-        raise JobError(None, str(e)) from None
+        # (A port still held, a peer not up: the next attempt may start.)
+        raise JobError(None, str(e), restartable=True) from None
 
 
 def make_trainer(*, model, optimizer, loss_fn, strategy, metrics,
@@ -431,10 +437,26 @@ def fit(trainer: Trainer, dataset_fn, steps: int, output_dir: str,
     return intervals
 
 
+def device_kind(strategy) -> dict:
+    """{"kind": "gpu" or "cpu", "name": the device's} of this worker's
+    replicas (tfscale-plan warns when a CPU run is projected onto GPUs)."""
+    from tfscale.cluster import devices
+    first = devices.worker_devices(strategy)[0]
+    if "GPU" not in first.upper():
+        import platform
+        return {"kind": "cpu", "name": platform.machine()}
+    gpus = tf.config.list_physical_devices("GPU")
+    details = tf.config.experimental.get_device_details(gpus[0]) if gpus \
+        else {}
+    return {"kind": "gpu", "name": details.get("device_name", "GPU")}
+
+
 def run_results(trainer: Trainer, info, backend: str, wall_seconds: float,
                 intervals: IntervalHistory) -> dict:
     """What summary.json holds about the training part of a run."""
     return {"steps": int(trainer.step.numpy()),
+            "device": device_kind(trainer.strategy),
+            "gradient_tensors": len(trainer.model.trainable_variables),
             "global_batch_size": trainer.config.global_batch_size,
             "num_accumulation_steps": trainer.config.num_accumulation_steps,
             "num_workers": info.num_workers,

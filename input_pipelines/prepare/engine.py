@@ -34,8 +34,6 @@ from typing import Callable, List, Optional, Sequence
 
 from input_pipelines.extras import require
 
-tqdm = require("tqdm", "prepare")
-
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
@@ -201,6 +199,7 @@ class Session:
             describe: Callable, unit: str = "record", initial: int = 0,
             show_progress: bool = False) -> List:
         """As `run` (module level), on this `Session`'s processes."""
+        tqdm = require("tqdm", "prepare")  # here: --help needs no extra
         with tqdm.tqdm(total=initial + sum(work), initial=initial,
                        unit=unit, desc=unit + "s",
                        disable=None if show_progress else True,

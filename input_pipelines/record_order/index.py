@@ -94,8 +94,8 @@ def scan(record_file: str) -> np.ndarray:
 def write(record_file: str, offsets: Optional[np.ndarray] = None) -> str:
     """Scans `record_file` (unless `offsets` are given) and writes its index
     atomically, under the stamp the file had before the scan (a file
-    written during the scan is indexed again next time); returns the
-    index's path."""
+    written during the scan is indexed again next time), and its content's
+    digest (`fingerprints`); returns the index's path."""
     before = stamp(record_file)
     if offsets is None:
         offsets = scan(record_file)
@@ -112,6 +112,10 @@ def write(record_file: str, offsets: Optional[np.ndarray] = None) -> str:
     except BaseException:
         _remove(partial)
         raise
+    # And the content's digest, so that a data set indexed ahead of time and
+    # read from a read-only mount has it (`RecordReader` compares a file
+    # whose ctime alone moved against it).
+    fingerprints([record_file], [np.asarray(offsets, np.int64)])
     return path
 
 

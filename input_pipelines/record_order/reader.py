@@ -11,7 +11,9 @@ records thousands, against a soft limit of 1,024 descriptors on many cluster
 nodes. When the pool is full the least recently used file is closed, and a
 file opened again must be the one the run indexed (the same stamp: inode,
 size, mtime and ctime): a file replaced or rewritten during the run is
-refused, naming it, instead of yielding other records. The pools of all the
+refused, naming it, instead of yielding other records; one whose ctime
+alone moved (a chmod, a hard link: any number of them) is read on when
+its content's digest is still the one taken at the start. The pools of all the
 readers of a process share one budget (`process_budget`): a pipeline
 rebuilt again and again (one per `fit`) leaves readers nobody reads, and
 they close their descriptors when another reader needs room. Reads never map the files, so
@@ -113,6 +115,12 @@ class RecordReader:
         # its index was read or made: a file that opens with another one was
         # written or replaced since.
         self._stamps = [record_index.stamp(name) for name in self.files]
+        # And its content's digest now (saved beside the index by the
+        # writers, index_records and the order; computed here for a
+        # read-only folder without one), kept in memory: a file whose
+        # ctime alone moves (chmod, a hard link) any number of times is
+        # the same file as long as its content is this.
+        self._digests = record_index.fingerprints(self.files, offsets)
 
     def locate(self, record_ids: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """(file index, record number within the file) of each record."""
@@ -228,21 +236,14 @@ class RecordReader:
         return fd
 
     def _same_content(self, f: int, now: str) -> bool:
-        """Only the ctime of file `f` moved since the run's start (stamp
-        `now`) and its content is the same: the fingerprint saved for the
-        run's stamp equals the file's now (then `now` is its stamp)."""
+        """Only the ctime of file `f` moved since it was last seen (stamp
+        `now`) and its content is the run's: the digest taken when the
+        reader was made equals the file's now (then `now` is its stamp)."""
         if now.rsplit(":", 1)[0] != self._stamps[f].rsplit(":", 1)[0]:
             return False  # another inode, size or mtime
-        name = self.files[f]
-        try:
-            with open(record_index.fingerprint_path(name)) as saved:
-                saved_stamp, digest = saved.read().split()
-        except (OSError, ValueError):
-            return False  # no fingerprint of the run's content to compare
-        if saved_stamp != self._stamps[f]:
-            return False
         offsets = self._offsets[self.first[f] + f:self.first[f + 1] + f + 1]
-        if record_index.fingerprint(name, offsets) != digest:
+        if record_index.fingerprint(self.files[f], offsets) != (
+                self._digests[f]):
             return False
         self._stamps[f] = now
         return True

@@ -14,9 +14,9 @@ Google's variable names, plus `vocab.txt` with `--vocab_file`.
 
 import os
 import shutil
-import sys
 
 from absl import flags
+from tfscale.cli import usage_error
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory "
@@ -32,19 +32,19 @@ flags.DEFINE_string("vocab_file", None, "Copied to the export as vocab.txt.")
 
 def main(argv):
     if len(argv) > 1:
-        sys.exit(f"export_bert: error: unexpected arguments {argv[1:]}")
+        usage_error("export_bert", f"unexpected arguments {argv[1:]}")
     from models import bert, bert_checkpoints, bert_config, bert_export
     from tfscale.resume import checkpoints as checkpointing
     try:
         config = bert_config.BertConfig.from_json_file(FLAGS.bert_config_file)
     except (ValueError, OSError) as e:
-        sys.exit(f"export_bert: error: --bert_config_file: {e}")
+        usage_error("export_bert", f"--bert_config_file: {e}")
     # Sequence lengths do not change the weights: any valid ones build them.
     model = bert.make_pretrainer(config, min(128, config.max_position_embeddings), 1)
     try:
         path = checkpointing.restore_model(model, FLAGS.checkpoint)
     except checkpointing.RestoreError as e:
-        sys.exit(f"export_bert: error: --checkpoint: {e}")
+        usage_error("export_bert", f"--checkpoint: {e}")
     bert_export.export(model, FLAGS.output_dir)
     if FLAGS.google_checkpoint:
         bert_checkpoints.save_google_checkpoint(

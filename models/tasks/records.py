@@ -108,7 +108,8 @@ def check_records(train: TFRecordConfig, evaluation: Optional[TFRecordConfig],
         if do_train:
             tfrecord.check_index(train)
     if do_train and train.service:
-        with jobs.blame("data_service", service.ServiceError):
+        with jobs.blame("data_service", service.ServiceError,
+                        restartable=True):
             service.check_reachable(train.service)
     eval_files = None
     if evaluation:

@@ -12,6 +12,12 @@ Both sides import these names from here. The module imports nothing, so
 # process ended by SIGTERM). Launchers restart such a job.
 PREEMPTED_EXIT_CODE = 143
 
+# A worker that stopped on a setting it cannot run with (a flag, a
+# configuration, its input files: a one-line error naming the culprit)
+# exits with this code (a shell's and argparse's code for misuse). Another
+# attempt would fail alike: launchers do not restart such a job.
+CONFIG_ERROR_EXIT_CODE = 2
+
 # The tf.data service dispatcher (HOST:PORT) the entry points read their
 # training records from; `launch.local --data_service_workers K` sets it.
 DATA_SERVICE_ADDRESS_ENV = "TFSCALE_DATA_SERVICE"
