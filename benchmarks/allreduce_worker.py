@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -24,6 +23,7 @@ import tensorflow as tf  # noqa: E402
 from tfscale.cluster import environment as cluster_lib  # noqa: E402
 from tfscale.cluster import strategies  # noqa: E402
 from tfscale.cluster import collectives as collectives_lib  # noqa: E402
+from tfscale.cluster.link_probe import all_reduce_fn, timed  # noqa: E402
 
 PIECES = 8  # tensors in the fused variant
 
@@ -32,40 +32,10 @@ def repetitions(nbytes: int, budget_bytes: float) -> int:
     return int(max(3, min(50, budget_bytes // max(nbytes, 1))))
 
 
-def timed(fn, reps: int, barrier) -> float:
-    """Median seconds of `fn` over `reps` calls, each started together."""
-    fn()  # warm up (tracing, buffers, connections)
-    times = []
-    for _ in range(reps):
-        barrier()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def tfscale_allreduce(collectives, strategy, nbytes: int, pieces: int):
     """fn() -> one all-reduce of `pieces` tensors totalling nbytes, as the
-    Trainer's step issues it (replica context, inside a tf.function)."""
-    count = nbytes // 4
-    sizes = [count // pieces] * (pieces - 1)
-    sizes.append(count - sum(sizes))
-    with strategy.scope():
-        tensors = [tf.ones([n], tf.float32) for n in sizes]
-
-    def replica_fn(values):
-        # (tf.identity places the values on the replica's device, as the
-        # Trainer's step does.)
-        return collectives.all_reduce([tf.identity(v) for v in values])
-
-    @tf.function
-    def reduce(values):
-        # The host waits for one value (fetching all would time a copy).
-        return strategy.run(lambda v: replica_fn(v)[-1][:1], args=(values,))
-
-    def run():
-        strategy.experimental_local_results(reduce(tensors))[0].numpy()
-    return run
+    Trainer's step issues it (`tfscale.cluster.link_probe`)."""
+    return all_reduce_fn(collectives, strategy, nbytes, pieces)
 
 
 def horovod_allreduce(nbytes: int, reps: int, barrier) -> dict:

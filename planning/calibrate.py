@@ -42,15 +42,16 @@ def micro_seconds(row: Row, workload: Workload, system: System,
     # compute and straggler scale with the micro-batch, and so does the
     # part of the sync the last backward pass hides.
     per_micro = split["compute"] + split["straggler"]
-    hidden = workload.overlap * workload.backward_share
-    rest = step_of(row, workload, system) - split["update"] - split["fixed"]
+    hidden = projection.overlap(workload, plan) * workload.backward_share
+    rest = (step_of(row, workload, system) - split["update"]
+            - split["fixed"] - split["tensors"])
     m = (rest - split["sync"]) / (per_micro - hidden)
     if split["sync"] - hidden * m < 0:  # the sync hides entirely
         m = rest / per_micro
     if m <= 0:
         raise ValueError(f"the row on {row.nodes} node(s) leaves no time "
-                         "for compute: its update, fixed or sync inputs are "
-                         "too large")
+                         "for compute: its update, fixed, per-tensor or sync "
+                         "inputs are too large")
     return m
 
 

@@ -1,12 +1,18 @@
 """A step at N GPUs, term by term, and what follows from it.
 
-    step(N) = k x micro + update + fixed + exposed sync + straggler
+    step(N) = k x micro + update + fixed + tensors + exposed sync + straggler
 
 - k x micro: the step's compute, unchanged by N (weak scaling: each GPU
   keeps its micro-batch and accumulation);
-- update: the optimizer on every weight (ZeRO-1: 1/N of it);
-- exposed sync: the gradient all-reduce (`collectives.py`) less what the
-  last backward pass hides (`Workload.overlap`);
+- update: the optimizer on every weight (ZeRO-1: 1/N of it), measured or
+  the framework's passes over the weights at the GPU's memory bandwidth
+  (`frameworks.py`);
+- fixed: per-step time the GPU count does not change (`Workload`);
+- tensors: the framework's cost per gradient tensor per step (Horovod's
+  negotiation), with more than one GPU;
+- exposed sync: the gradient all-reduces (`collectives.py`: NCCL's latency
+  per collective and per hop, and the bytes over the bus bandwidth) less
+  what the last backward pass hides (the overlap);
 - straggler: a synchronous step waits for the slowest of N workers; with a
   per-micro-batch jitter c, a step's time varies c x micro x sqrt(k), and
   the expected maximum of N normal draws is `expected_max(N)` deviations
@@ -24,22 +30,41 @@ import math
 import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from planning import collectives
+from planning import collectives, frameworks
 from planning.systems import System
-from planning.workload import Workload
+from planning.workload import Workload, update_estimate
 
-TERMS = ("compute", "update", "fixed", "sync", "straggler")
+TERMS = ("compute", "update", "fixed", "tensors", "sync", "straggler")
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """How the job runs: the collective's algorithm, ZeRO-1, the fusion
-    buffer's bytes, and a bus bandwidth that overrides the system's (a
-    measured backend)."""
+    """How the job runs: the framework (`frameworks.py`), the collective's
+    algorithm, ZeRO-1, the fusion buffer's bytes, and a bus bandwidth that
+    overrides the system's (a measured backend)."""
     algorithm: str = "auto"
     zero1: bool = False
     bus_bandwidth: Optional[float] = None
     fusion_bytes: float = 64e6
+    framework: frameworks.Framework = frameworks.PRESETS["tfscale"]
+
+
+def update_seconds(workload: Workload, system: System,
+                   plan: "Plan") -> float:
+    """The whole update on one GPU: measured, or the framework's passes
+    over the weights (0 when it folds the update into the compute)."""
+    if workload.update_seconds is not None:
+        return workload.update_seconds
+    passes = plan.framework.update_passes
+    if not passes:
+        return 0.0
+    return update_estimate(workload.parameters, system.memory_bandwidth,
+                           passes=passes)
+
+
+def overlap(workload: Workload, plan: "Plan") -> float:
+    return (plan.framework.overlap if workload.overlap is None
+            else workload.overlap)
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,10 +96,13 @@ def step_split(workload: Workload, system: System, gpus: int,
                                      plan.algorithm, plan.zero1,
                                      plan.bus_bandwidth, plan.fusion_bytes
                                      ) if gpus > 1 else 0.0
-    hidden = workload.overlap * workload.backward_share * micro
-    update = workload.update_seconds / (gpus if plan.zero1 else 1)
+    hidden = overlap(workload, plan) * workload.backward_share * micro
+    update = update_seconds(workload, system, plan) / (
+        gpus if plan.zero1 else 1)
+    tensors = (workload.tensors * plan.framework.tensor_seconds
+               if gpus > 1 else 0.0)
     return {"compute": k * micro, "update": update,
-            "fixed": workload.fixed_seconds,
+            "fixed": workload.fixed_seconds, "tensors": tensors,
             "sync": max(0.0, sync - hidden),
             "straggler": (workload.jitter * micro * math.sqrt(k)
                           * expected_max(gpus))}
@@ -91,15 +119,21 @@ def throughput(workload, system, gpus, plan=Plan()) -> float:
 
 
 def strong_workload(workload: Workload, global_batch: int,
-                    gpus: int) -> Workload:
+                    gpus: int) -> Optional[Workload]:
     """The workload that keeps `global_batch` on `gpus` GPUs: fewer
     micro-batches, then smaller ones (compute taken as linear in the
-    micro-batch below it)."""
+    micro-batch below it); None when the batch does not split into whole
+    examples on every GPU (strong scaling ends there: the batch is never
+    changed to keep a row)."""
     per_gpu = global_batch / gpus
     if per_gpu >= workload.micro_batch:
-        return workload.with_accumulation(max(1, round(
-            per_gpu / workload.micro_batch)))
-    size = max(1, int(per_gpu))
+        accumulation = per_gpu / workload.micro_batch
+        if accumulation != int(accumulation):
+            return None
+        return workload.with_accumulation(int(accumulation))
+    if per_gpu != int(per_gpu) or per_gpu < 1:
+        return None
+    size = int(per_gpu)
     return dataclasses.replace(
         workload, accumulation=1, micro_batch=size,
         micro_seconds=workload.micro_seconds * size / workload.micro_batch)
@@ -205,6 +239,7 @@ def project(workload: Workload, system: System, gpu_counts: Sequence[int],
                    throughput(high_w, high_s, gpus, plan)],
                "weak_efficiency": single / step,
                "strong_efficiency": (
+                   None if strong is None else
                    throughput(strong, system, gpus, plan)
                    / (strong_base * gpus / first)),
                "dominant": max(split, key=split.get),

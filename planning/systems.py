@@ -114,18 +114,47 @@ def load(name_or_path: str) -> System:
     if not name_or_path.endswith(".json"):
         raise ValueError(f"--system {name_or_path!r}: not a preset "
                          f"({', '.join(PRESETS)}) nor a .json file")
-    with open(name_or_path) as f:
-        fields = json.load(f)
+    try:
+        with open(name_or_path) as f:
+            fields = json.load(f)
+    except ValueError as e:
+        raise ValueError(f"{name_or_path}: not JSON ({e})") from None
     known = {f.name for f in dataclasses.fields(System)}
+    if not isinstance(fields, dict) or not fields:
+        raise ValueError(f"{name_or_path}: empty; a system file holds "
+                         f"{sorted(known)} (UNITS in planning/systems.py)")
     unknown = sorted(set(fields) - known)
     if unknown:
         raise ValueError(f"{name_or_path}: unknown field(s) {unknown}; a "
                          f"system file holds {sorted(known)}")
+    for field, (low, high, unit, example) in UNITS.items():
+        value = fields.get(field)
+        if isinstance(value, (int, float)) and not low <= value <= high:
+            raise ValueError(
+                f"{name_or_path}: {field} {value:g} is not in {unit} "
+                f"({low:g}-{high:g}; {example})")
     fields.setdefault("name", name_or_path)
     try:
         return System(**fields)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"{name_or_path}: {e}") from None
+
+
+# Each number field of a system file: (least, most, unit, an example). A
+# figure outside is in another unit (GB/s for bytes/s, us for seconds).
+UNITS = {
+    "gpus_per_node": (1, 1024, "GPUs", "8"),
+    "peak_tflops": (0.1, 1e5, "TFLOP/s", "989 for an H100"),
+    "memory_bandwidth": (1e9, 1e14, "bytes/s", "3.35e12 for 3.35 TB/s"),
+    "intra_bandwidth": (1e6, 1e14, "bytes/s", "360e9 for 360 GB/s"),
+    "intra_latency": (0, 1e-2, "seconds", "3.4e-6 for 3.4 us"),
+    "nic_bandwidth": (1e6, 1e13, "bytes/s", "50e9 for 400 Gb/s"),
+    "nics_per_node": (1, 64, "NICs", "8"),
+    "network_efficiency": (1e-3, 1, "a share of the line rate",
+                           "0.9 for 90%"),
+    "nic_latency": (0, 1e-1, "seconds", "14e-6 for 14 us"),
+    "base_latency": (0, 1e-1, "seconds", "8.4e-6 for 8.4 us"),
+}
 
 
 def describe(system: System) -> str:
@@ -134,3 +163,16 @@ def describe(system: System) -> str:
             f"node, {system.network_bandwidth / GB:.1f} GB/s across nodes "
             f"({system.nics_per_node} x {8 * system.nic_bandwidth / GB:.0f}"
             f" Gb/s at {system.network_efficiency:.0%})")
+
+
+def with_link(system: System, latency: float, bus_bandwidth: float,
+              ranks: int) -> System:
+    """`system` with the network a measured all-reduce sweep between
+    `ranks` hosts gave (`collectives.fit_link`): its bus bandwidth as the
+    nodes' (one NIC at that rate, all of it reached), and its latency,
+    less a collective's base, spread over the 2 x ranks network hops of a
+    ring (`collectives.ring`)."""
+    return dataclasses.replace(
+        system, name=f"{system.name} (link measured)",
+        nic_bandwidth=bus_bandwidth, nics_per_node=1, network_efficiency=1.0,
+        nic_latency=max(0.0, latency - system.base_latency) / (2 * ranks))

@@ -20,26 +20,32 @@ class Workload:
         accumulation: Micro-batches per optimizer step.
         micro_seconds: Forward and backward of one micro-batch.
         update_seconds: The optimizer's update of every weight (one GPU's
-            whole update; ZeRO-1 divides it among the ranks).
+            whole update; ZeRO-1 divides it among the ranks); None: from the
+            framework's passes over the weights at the GPU's memory
+            bandwidth (`frameworks.py`).
         fixed_seconds: Per-step time that neither grows nor shrinks with
             the GPU count (input the prefetch does not hide, launches).
         jitter: Coefficient of variation of one micro-batch's time: each
             step waits for the slowest of N workers.
         overlap: Share of the last backward pass the gradient sync can hide
             behind (0: the sync starts after the step's compute, as in
-            tfscale's step and NVIDIA's accumulation; Horovod overlaps).
+            tfscale's step and NVIDIA's accumulation; Horovod overlaps);
+            None: the framework's.
         backward_share: Backward's share of a micro-batch's time.
+        tensors: Gradient tensors a step reduces (the framework may pay a
+            cost per tensor); 0: unknown, no such cost.
     """
     parameters: float
     micro_batch: int
     accumulation: int
     micro_seconds: float
     gradient_bytes: int = 4
-    update_seconds: float = 0.0
+    update_seconds: Optional[float] = None
     fixed_seconds: float = 0.0
     jitter: float = 0.0
-    overlap: float = 0.0
+    overlap: Optional[float] = None
     backward_share: float = 2 / 3
+    tensors: int = 0
 
     def __post_init__(self):
         if self.parameters <= 0:
@@ -50,8 +56,17 @@ class Workload:
         if self.micro_seconds <= 0:
             raise ValueError("the micro-batch's seconds must be > 0, got "
                              f"{self.micro_seconds}")
-        if not 0 <= self.overlap <= 1:
+        if self.overlap is not None and not 0 <= self.overlap <= 1:
             raise ValueError(f"overlap must be in [0, 1], got {self.overlap}")
+        for name in ("update_seconds", "fixed_seconds", "jitter"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.tensors < 0:
+            raise ValueError(f"tensors must be >= 0, got {self.tensors}")
+        if self.gradient_bytes not in (1, 2, 4, 8):
+            raise ValueError("gradient_bytes must be 1, 2, 4 or 8, got "
+                             f"{self.gradient_bytes}")
 
     @property
     def gradient_size(self) -> float:
@@ -85,6 +100,7 @@ class RunFacts:
     noise_scale: Optional[float]
     noise_interval: Optional[Tuple[float, Optional[float]]]
     backend: str
+    device: str = "?"  # "cpu" or "gpu": what the run computed on
 
 
 def from_summary(path: str) -> RunFacts:
@@ -126,14 +142,16 @@ def from_summary(path: str) -> RunFacts:
         parameters=summary["parameters"], micro_batch=micro_batch,
         accumulation=k, micro_seconds=phases["compute"] * scale / k,
         gradient_bytes=4, update_seconds=phases["update"] * scale,
-        fixed_seconds=phases["input_wait"] * scale, jitter=jitter)
+        fixed_seconds=phases["input_wait"] * scale, jitter=jitter,
+        tensors=summary.get("gradient_tensors", 0))
     noise = summary.get("noise_scale") or {}
     interval = noise.get("b_simple_interval")
     return RunFacts(workload, replicas, phases["sync"] * scale,
                     summary["global_batch_size"], summary["steps"],
                     noise.get("b_simple"),
                     tuple(interval) if interval else None,
-                    summary.get("backend", "?"))
+                    summary.get("backend", "?"),
+                    (summary.get("device") or {}).get("kind", "?"))
 
 
 def _mean(rows, name):

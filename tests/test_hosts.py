@@ -178,3 +178,55 @@ def test_tf_config_naming_two_hosts_preempts_together_and_resumes(
                      r"position restored", texts[0]), texts[0][-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 40 and summary["num_workers"] == 2
+
+
+def test_the_link_probe_recovers_a_shaped_links_latency_and_bandwidth(
+        hosts, tmp_path):
+    """`python -m tfscale.cluster.link_probe` on node1 and node2 (workers of
+    a TF_CONFIG naming both: the gRPC ring), each host's link shaped by `tc` on
+    each end of its veth pair: 160 Mbit/s, and 2 ms of delay where the
+    kernel has netem (else a token bucket, rate only). tfscale-plan --link
+    fits the sweep to the ring's bus bandwidth (the rate) and latency (a
+    2-rank all-reduce: 2 one-way trips of 2 x 2 ms): each within 25%."""
+    rules = ["netem delay 2ms rate 160mbit limit 10000",
+             "tbf rate 160mbit burst 256kb latency 400ms"]
+    shaped, delayed = [], None
+    try:
+        for i in (1, 2):
+            for end in (f"dev vh{i}", f"dev vn{i}"):
+                inside = f"ip netns exec node{i} " if "vn" in end else ""
+                for rule in rules if delayed is None else [
+                        rules[0] if delayed else rules[1]]:
+                    code, output = run_command(
+                        ["bash", "-c",
+                         f"{inside}tc qdisc replace {end} root {rule}"])
+                    if code == 0:
+                        delayed = rule.startswith("netem")
+                        break
+                else:
+                    pytest.skip(f"tc cannot shape the links: {output[-300:]}")
+                shaped.append(f"{inside}tc qdisc del {end} root")
+        sweep = tmp_path / "link.json"
+        cluster = {"worker": ["node1:23457", "node2:23457"]}
+        procs = []
+        for index, host in enumerate(hosts):
+            env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {
+                "type": "worker", "index": index}})}
+            procs.append(start(["ip", "netns", "exec", host, sys.executable,
+                                "-m", "tfscale.cluster.link_probe",
+                                "--output", str(sweep), "--sizes",
+                                "262144,1048576,4194304,8388608",
+                                "--repeats", "5"], env=env))
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:]
+    finally:
+        for command in shaped:
+            run_command(["bash", "-c", command])
+    from planning import cli
+    latency, bandwidth, ranks = cli._link(str(sweep))
+    assert ranks == 2
+    assert bandwidth == pytest.approx(160e6 / 8, rel=0.25), bandwidth
+    if delayed:
+        assert latency == pytest.approx(4 * 2e-3, rel=0.25), latency
+    else:  # no delay to find: the transport's own, well under a shaped one
+        assert 0 <= latency < 4e-3, latency

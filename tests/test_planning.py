@@ -9,8 +9,8 @@ from unittest import mock
 
 import pytest
 
-from planning import calibrate, cli, collectives, projection, published
-from planning import systems
+from planning import calibrate, cli, collectives, frameworks, projection
+from planning import published, systems
 from planning.workload import Workload
 
 A100 = "nvidia_tf2_bert_large_dgx_a100"
@@ -18,31 +18,32 @@ DGX2H = "nvidia_tf2_bert_large_dgx_2h"
 HOROVOD_MODELS = ("inception_v3", "resnet_101", "vgg_16")
 
 
-def golden_checks() -> dict:
-    """Each acceptance check of the published tables: True when it holds."""
-    a100 = published.nvidia_bert(A100)
-    dgx2h = published.nvidia_bert(DGX2H)
-    checks = {f"a100 {n} nodes within 10%":
-              abs(a100[n]["predicted"] / a100[n]["published"] - 1) <= 0.10
-              for n in (8, 32)}
-    checks["dgx-2h scales worse than dgx-a100 at 32 nodes"] = (
-        dgx2h[32]["predicted_efficiency"] < a100[32]["predicted_efficiency"])
+def golden_checks(within: float = 0.10) -> dict:
+    """Each acceptance check of the published tables, with the presets as
+    shipped and no calibration but each table's smallest row's time: True
+    when it holds."""
+    checks = {}
+    for name in (A100, DGX2H):
+        for nodes, row in published.nvidia_bert(name).items():
+            checks[f"{name} {nodes} nodes within {within:.0%}"] = abs(
+                row["predicted"] / row["published"] - 1) <= within
     for model in HOROVOD_MODELS:
         result = published.horovod(model)
-        points = 10 if model == "vgg_16" else 5
-        checks[f"horovod {model} within {points} points"] = (
-            abs(result["predicted"] - result["published"]) <= points / 100)
+        checks[f"horovod {model} 16 GPUs within {within:.0%}"] = abs(
+            result["predicted_16"] / result["published_16"] - 1) <= within
+        checks[f"horovod {model} 512 GPUs' efficiency within "
+               f"{within:.0%}"] = abs(
+            result["predicted"] / result["published"] - 1) <= within
     return checks
 
 
-def test_published_tables_are_predicted_from_their_smallest_rows():
+def test_every_published_row_is_predicted_with_the_presets_as_shipped():
     checks = golden_checks()
-    assert all(checks.values()), checks
-    # The calibrating rows come back exactly.
+    assert len(checks) == 14 and all(checks.values()), checks
+    # DGX-2H scales worse than DGX A100 at 32 nodes, as published.
     a100 = published.nvidia_bert(A100)
-    for nodes in (1, 2):
-        assert a100[nodes]["predicted"] == pytest.approx(
-            a100[nodes]["published"], rel=1e-3)
+    dgx2h = published.nvidia_bert(DGX2H)
+    assert dgx2h[32]["predicted_efficiency"] < a100[32]["predicted_efficiency"]
 
 
 def test_the_golden_checks_fail_without_the_sync_term():
@@ -50,6 +51,52 @@ def test_the_golden_checks_fail_without_the_sync_term():
                            lambda *args, **kwargs: 0.0):
         checks = golden_checks()
     assert not all(checks.values()), checks
+
+
+def test_the_golden_checks_fail_without_the_frameworks_costs():
+    # The per-step cost that is not bandwidth (the update's passes, a cost
+    # per gradient tensor), modelled as what it is: without it, the rows
+    # miss (NVIDIA's 32-node rows by 7-27%, before the network's
+    # efficiency was bent to 6-9% to hide it).
+    bare = {name: dataclasses.replace(f, update_passes=10.0,
+                                      tensor_seconds=0.0)
+            for name, f in frameworks.PRESETS.items()}
+    with mock.patch.dict(frameworks.PRESETS, bare):
+        checks = golden_checks()
+    assert not all(checks.values()), checks
+
+
+def test_a_second_row_calibrates_the_network_to_a_plausible_figure():
+    """With the framework's costs in the model, the 2-node row leaves the
+    network a wire's efficiency (it was 8.7% without them)."""
+    two_rows = published.nvidia_bert(A100, calibration_rows=2)
+    assert 0.3 <= two_rows[2]["network_efficiency"] <= 1.0
+    for nodes in (8, 32):
+        assert abs(two_rows[nodes]["predicted"]
+                   / two_rows[nodes]["published"] - 1) <= 0.10
+
+
+@pytest.mark.parametrize("benchmark", ["bert", "resnet"])
+def test_mlperf_time_to_train_from_8_gpus_and_one_other(benchmark):
+    """MLPerf Training v3.0, H100: the 8-GPU result and the 512-GPU one fit
+    the time-to-train model; it predicts the others (64, 768 and 3,072 or
+    3,584 GPUs, per-GPU batches from 96 down to 4) within 25%. Without the
+    fixed part of a step (t0 = 0) it cannot."""
+    rows = published.mlperf(benchmark)
+    assert len(rows) == 5 and 8 in rows
+    assert min(r["per_gpu_batch"] for r in rows.values()) <= 16
+    errors = {gpus: r["predicted"] / r["published"] - 1
+              for gpus, r in rows.items()}
+    assert all(abs(e) <= 0.25 for e in errors.values()), errors
+    model = rows[8]["model"]
+    assert model.t0 > 0 and model.t1 > 0 and model.b_noise > 0
+    from planning import time_to_train
+    no_fixed = dataclasses.replace(model, t0=0.0)
+    system = systems.PRESETS["dgx-h100"]
+    misses = [abs(time_to_train.predict(no_fixed, system, g,
+                                        r["global_batch"])
+                  / r["published"] - 1) > 0.25 for g, r in rows.items()]
+    assert any(misses)
 
 
 def test_every_published_figure_names_its_source_and_row():
@@ -110,7 +157,7 @@ def test_the_split_term_by_term():
     w = bert_large()
     alone = projection.step_split(w, system, 1)
     assert alone == {"compute": 0.8, "update": 0.01, "fixed": 0.002,
-                     "sync": 0.0, "straggler": 0.0}
+                     "tensors": 0.0, "sync": 0.0, "straggler": 0.0}
     split = projection.step_split(w, system, 64)
     assert split["sync"] == pytest.approx(collectives.gradient_sync(
         system, 8, w.gradient_size))
@@ -180,7 +227,16 @@ def test_the_command_prints_a_table_json_and_a_plot(tmp_path, capsys):
     assert cli.main(args + ["--plot", str(tmp_path / "plan.png")]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("dgx-h100: 8 x H100 SXM a node")
-    assert len(printed.splitlines()) == 3 + 3
+    # Every assumed input named before the rows: the framework, the
+    # update and how it was had, the gradient dtype, jitter, overlap,
+    # fusion and algorithm.
+    head = printed.split("\nGPUs nodes")[0]
+    for said in ("framework: tfscale", "update 2.6 ms (estimated: 10 passes",
+                 "fixed 0.0 ms", "jitter 0", "overlap 0%",
+                 "float32 gradients", "buffer(s) of 64 MB",
+                 "algorithm auto", "ZeRO-1 off"):
+        assert said in head, (said, head)
+    assert len(printed.splitlines()) == 4 + 1 + 3
     assert (tmp_path / "plan.png").stat().st_size > 0
     assert cli.main(args + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
@@ -188,16 +244,129 @@ def test_the_command_prints_a_table_json_and_a_plot(tmp_path, capsys):
     assert rows[0]["throughput"] > 0
 
 
+WORK = ["--parameters", "110e6", "--micro_batch", "32", "--micro_ms", "80"]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--micro_batch", "8"], "without --summary, --parameters, --micro_ms "
-     "must be given"),
+     "(or --measured) must be given"),
     (["--system", "dgx-z"], "--system 'dgx-z': not a preset"),
     (["--summary", "/nonexistent/summary.json"], "No such file"),
+    (WORK + ["--jitter", "-0.5"], "--jitter -0.5: must be in [0, 1]"),
+    (WORK + ["--target_efficiency", "1.5"],
+     "--target_efficiency 1.5: must be in (0, 1)"),
+    (WORK + ["--fusion_mb", "-5"], "--fusion_mb -5: must be in (0, inf]"),
+    (WORK + ["--gpus", "8,12,16"], "--gpus 12: not whole nodes of 8 GPUs "
+     "(dgx-a100); give 8 or fewer, or multiples of 8 (8 or 16)"),
+    (WORK + ["--noise_scale", "100", "--target_steps", "10",
+             "--target_batch", "64", "--noise_interval", "200,50"],
+     "--noise_interval 200,50: must hold the noise scale (100)"),
+    (WORK + ["--measured", "1:abc"], "--measured '1:abc': NODES:"),
+    (WORK + ["--deadline", "3"], "--deadline needs --gpu_hour_price"),
+    (WORK + ["--framework", "hvd"], "--framework 'hvd': not a preset"),
 ])
 def test_bad_input_is_one_line(args, message, capsys):
-    assert cli.main(args) == 2
+    with pytest.raises(SystemExit) if message.startswith(
+            ("--jitter", "--target_eff", "--fusion", "--measured")) else \
+            _returns(2) as done:
+        done.value = cli.main(args)
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and message in err, err
+    lines = [line for line in err.splitlines()
+             if not line.startswith("usage:") and line.strip()]
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err
+
+
+class _returns:
+    """A context that checks the main's return value (set on it)."""
+
+    def __init__(self, code):
+        self.code, self.value = code, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        assert exc[0] is None and self.value == self.code, self.value
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({}, "empty; a system file holds"),
+    ({"intra_bandwidth": 230}, "intra_bandwidth 230 is not in bytes/s "
+     "(1e+06-1e+14; 360e9 for 360 GB/s)"),
+    ({"nic_latency": 14}, "nic_latency 14 is not in seconds (0-0.1; 14e-6 "
+     "for 14 us)"),
+])
+def test_a_system_file_in_other_units_or_empty_is_named(fields, message,
+                                                        tmp_path, capsys):
+    path = tmp_path / "mine.json"
+    base = dataclasses.asdict(systems.PRESETS["dgx-a100"]) if fields else {}
+    path.write_text(json.dumps({**base, **fields}))
+    assert cli.main(WORK + ["--system", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: {message}" in err, err
+
+
+def test_measured_rows_calibrate_from_the_command_line(capsys):
+    """NVIDIA's 1- and 2-node DGX A100 rows, with their accumulation: the
+    printed calibration, a warning when the network term swallowed what
+    the framework's costs are (the tfscale framework), none with NVIDIA's
+    framework; and the 32-node row then within 10%."""
+    rows = "1:3803.82:32,2:7551.37:16"
+    base = ["--parameters", "336e6", "--micro_batch", "312",
+            "--accumulation", "1", "--gradient_dtype", "float16",
+            "--measured", rows, "--gpus", "256", "--json"]
+    assert cli.main(base) == 0
+    out = json.loads(capsys.readouterr().out)
+    said = " ".join(out["assumptions"])
+    assert "network efficiency 8.7% of the NICs' line rate from the 2-node " \
+           "row (outside the 30%-100% a wire reaches" in said, said
+    assert cli.main(base + ["--framework", "horovod-nvidia-tf2",
+                            "--tensors", "398"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    said = " ".join(out["assumptions"])
+    assert "calibrated: micro-batch 652.1 ms from the 1-node row" in said
+    assert "outside" not in said
+    assert 0.3 <= out["system"]["network_efficiency"] <= 1
+    assert out["rows"][0]["throughput"] == pytest.approx(110280.73, rel=0.1)
+
+
+def test_the_cost_to_target_and_the_cheapest_count_within_a_deadline(
+        capsys):
+    args = WORK + ["--system", "dgx-h100", "--gpus", "8,64,512",
+                   "--noise_scale", "2000", "--target_steps", "20000",
+                   "--target_batch", "256", "--gpu_hour_price", "2.5"]
+    assert cli.main(args + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    for row in rows:
+        assert row["cost_to_target"] == pytest.approx(
+            row["gpus"] * row["time_to_target"] / 3600 * 2.5)
+    # The deadline only the larger counts meet: the cheapest of them.
+    hours = sorted(r["time_to_target"] / 3600 for r in rows)
+    deadline = (hours[0] + hours[1]) / 2
+    meeting = [r for r in rows if r["time_to_target"] / 3600 <= deadline]
+    best = min(meeting, key=lambda r: r["cost_to_target"])
+    assert cli.main(args + ["--deadline", f"{deadline}"]) == 0
+    assert f"cheapest within {deadline:g} h: {best['gpus']} GPUs" in \
+        capsys.readouterr().out
+
+
+def test_a_cpu_run_projected_onto_gpus_says_so(tmp_path, capsys):
+    summary = {"parameters": 4.4e6, "num_accumulation_steps": 1,
+               "global_batch_size": 64, "replicas": 2, "steps": 300,
+               "device": {"kind": "cpu", "name": "x86_64"},
+               "intervals": [{"first": False, "steps": 25, "compute": 0.05,
+                              "sync": 0.02, "update": 0.01,
+                              "input_wait": 0.0, "step_time": 0.08,
+                              "timed_step_time": 0.08}] * 4}
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    assert cli.main(["--summary", str(path), "--gpus", "8"]) == 0
+    assert "warning: the run's compute was measured on a CPU" in \
+        capsys.readouterr().out
+    assert cli.main(["--summary", str(path), "--gpus", "8",
+                     "--compute_scale", "0.05"]) == 0
+    assert "warning" not in capsys.readouterr().out
 
 
 def test_a_system_file(tmp_path):
@@ -224,3 +393,29 @@ def test_a_runs_sync_gives_its_links_efficiency():
         pytest.approx(0.37, rel=1e-4)
     alone = RunFacts(w, 1, 0.0, 64, 10, None, None, "grpc")
     assert calibrate.link_from_sync(alone, system) is system
+
+
+def test_a_measured_sweep_becomes_the_systems_network(tmp_path, capsys):
+    """--link: a sweep between 2 hosts (seconds = latency + size / bus
+    bandwidth) sets the nodes' network; the 2-node ring then costs what
+    was measured, and more nodes add hops."""
+    latency, bandwidth = 2e-3, 25e6
+    sizes = [2 ** 16, 2 ** 20, 2 ** 22, 2 ** 24]
+    path = tmp_path / "link.json"
+    path.write_text(json.dumps({
+        "ranks": 2, "workers": 2, "backend": "mpi", "sizes": sizes,
+        "seconds": [latency + s / bandwidth for s in sizes]}))
+    fitted = cli._link(str(path))
+    assert fitted[0] == pytest.approx(latency) and \
+        fitted[1] == pytest.approx(bandwidth)
+    system = systems.with_link(dataclasses.replace(
+        systems.PRESETS["pcie-25gbe"], gpus_per_node=1), *fitted)
+    assert collectives.ring(system, 2, 1e6) == pytest.approx(
+        latency + 1e6 / bandwidth)
+    assert collectives.ring(system, 8, 1e6) > collectives.ring(system, 2,
+                                                               1e6)
+    assert cli.main(WORK + ["--link", str(path), "--gpus", "8"]) == 0
+    assert "link measured" in capsys.readouterr().out
+    path.write_text(json.dumps({"sizes": sizes}))
+    assert cli.main(WORK + ["--link", str(path)]) == 2
+    assert f"{path}: no ['ranks', 'seconds']" in capsys.readouterr().err

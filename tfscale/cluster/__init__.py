@@ -3,10 +3,14 @@
     environment.py   TF_CONFIG, SLURM and MPI's variables -> ClusterConfig,
                      ClusterInfo (the only reader of the cluster environment)
     strategies.py    the tf.distribute strategy for a resolved cluster
+    devices.py       the devices a strategy's replicas sit on (TensorFlow's
+                     default strategy too)
     collectives.py   how workers sum and agree: one object per backend
     mpi.py           the MPI backend (mpi4py's Allreduce)
     fail_fast.py     one failed worker ends the job at once
     watchdog.py      the start-up watchdog process
+    link_probe.py    your hosts' all-reduce at a sweep of sizes, for
+                     tfscale-plan --link
     contract.py      names the launchers and workers agree on (imports nothing)
 
 It imports only `tfscale.errors` and `tfscale._compat` from the engine.
