@@ -80,7 +80,8 @@ test: install-test
 
 # Unit tests in one process (no worker processes, no clusters), the files
 # docs/tests.md marks quick: under 3 minutes on 2 cores.
-QUICK_TESTS = tests/test_benchmark_models.py tests/test_bert.py \
+QUICK_TESTS = tests/test_benchmark_models.py tests/test_benchmarks.py \
+	tests/test_bert.py \
 	tests/test_bert_pretraining.py tests/test_cluster.py tests/test_compat.py \
 	tests/test_entry_points.py \
 	tests/test_docs.py tests/test_elementwise.py tests/test_fit_arguments.py \

@@ -13,7 +13,10 @@ minutes apart, so they share the machine's current speed).
 
 `--engines keras3,trainer,trainer_mpi` adds the Trainer on tfscale's MPI
 backend (needs `pip install -e '.[mpi]'`): the same step, the gradients
-summed by MPI over shared memory instead of gRPC.
+summed by MPI over shared memory instead of gRPC. `trainer_calls` runs up
+to 100 steps a call with the calls' default time bound (2 s),
+`trainer_calls_unbounded` the same with none (`--max_call_seconds 0`):
+their ratio is what the bound costs.
 """
 
 import argparse
@@ -26,21 +29,30 @@ import tempfile
 
 ENGINES = ("tf_keras", "keras3", "trainer", "bare")  # the default set
 # The Trainer's engines: their ratios to every other engine are reported.
-OURS = ("trainer", "trainer_mpi")
+OURS = ("trainer", "trainer_mpi", "trainer_calls",
+        "trainer_calls_unbounded")
+# Engines that are the Trainer with other settings: (engine, worker flags).
+SETTINGS = {"trainer_calls": ("trainer", ["--steps_per_execution=100"]),
+            "trainer_calls_unbounded": ("trainer", [
+                "--steps_per_execution=100", "--max_call_seconds=0"])}
 STEPS = {"cnn": (20, 100), "mlp": (100, 600)}  # (warm-up, measured)
+# Calls of up to 100 steps: a warm-up past the calls' growth to their
+# length (1, 1, 1, 2, 2, 4, ... steps: step/pace.py), more steps measured.
+CALL_STEPS = {"cnn": (400, 400), "mlp": (1000, 1200)}
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def measure(engine, model, num_workers, global_batch, threads) -> float:
-    warmup, steps = STEPS[model]
+    warmup, steps = (CALL_STEPS if engine in SETTINGS else STEPS)[model]
     with tempfile.TemporaryDirectory() as tmp:
         result = os.path.join(tmp, "result.json")
         backend = "mpi" if engine == "trainer_mpi" else "mwms"
+        worker_engine, flags = SETTINGS.get(engine, (engine, []))
         command = [sys.executable, "-m", "launch.local", "--num_workers",
                    str(num_workers), "--threads_per_worker", str(threads),
                    "--backend", backend,
                    "--", sys.executable, "-m", "benchmarks.fit_worker",
-                   f"--engine={engine}", f"--model={model}",
+                   f"--engine={worker_engine}", f"--model={model}", *flags,
                    f"--steps={steps}", f"--warmup_steps={warmup}",
                    f"--global_batch={global_batch}", f"--result_file={result}"]
         env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")

@@ -4,6 +4,7 @@ Engines, same model, data, optimizer and global batch:
     tf_keras   legacy Keras 2 (`tf_keras`) `model.fit` under MWMS
     keras3     Keras 3 `model.fit` with `tfscale.enable_multi_worker_fit()`
     trainer    `tfscale.Trainer.from_compiled(...).fit(dataset)`, defaults
+               (`--steps_per_execution`, `--max_call_seconds`: the calls)
     trainer_mpi  the same with tfscale's MPI backend (`--backend mpi`: the
                ranks of one `mpirun`, gradients summed by `MPI.Allreduce`,
                shared memory on one host)
@@ -54,18 +55,20 @@ def build(keras, model_name):
 
 
 class Clock:
-    """Times batch ends; examples/s after the warm-up steps."""
+    """Times batch ends (the steps done at each); examples/s over the steps
+    after the warm-up (a call of several steps ends several at once)."""
 
     def __init__(self, warmup, global_batch):
         self.warmup, self.global_batch, self.times = warmup, global_batch, []
 
-    def tick(self):
-        self.times.append(time.perf_counter())
+    def tick(self, steps_done=None):
+        steps_done = len(self.times) + 1 if steps_done is None else steps_done
+        self.times.append((steps_done, time.perf_counter()))
 
     def examples_per_second(self):
-        measured = self.times[self.warmup:]
-        return (len(measured) - 1) * self.global_batch / (
-            measured[-1] - measured[0])
+        measured = [(s, t) for s, t in self.times if s >= self.warmup]
+        (first, start), (last, end) = measured[0], measured[-1]
+        return (last - first) * self.global_batch / (end - start)
 
 
 def callback_class(keras):
@@ -75,7 +78,7 @@ def callback_class(keras):
             self.clock = clock
 
         def on_train_batch_end(self, batch, logs=None):
-            self.clock.tick()
+            self.clock.tick(batch + 1)
     return Tick
 
 
@@ -92,6 +95,10 @@ def main():
     parser.add_argument("--timed_steps_per_log", type=int, default=4,
                         help="Trainer: steps per log interval run part by "
                         "part to measure the time split")
+    parser.add_argument("--steps_per_execution", type=int, default=1,
+                        help="Trainer: the most steps one call runs")
+    parser.add_argument("--max_call_seconds", type=float, default=2.0,
+                        help="Trainer: the bound on a call's time (0: none)")
     parser.add_argument("--log_steps", type=int, default=0,
                         help="Trainer: print its line (examples/s, the time "
                         "split) every this many steps (0: silent)")
@@ -124,7 +131,9 @@ def main():
                 global_batch_size=args.global_batch,
                 verbose=2 if args.log_steps else 0,
                 log_steps=args.log_steps or 100,
-                timed_steps_per_log=args.timed_steps_per_log),
+                timed_steps_per_log=args.timed_steps_per_log,
+                steps_per_execution=args.steps_per_execution,
+                max_call_seconds=args.max_call_seconds),
             backend=backend)
         trainer.fit(dataset, epochs=1, steps_per_epoch=total, callbacks=[tick])
     else:

@@ -177,7 +177,7 @@ def main():
     from models import bert
     from models.bert_config import BertConfig
     from tfscale import precision
-    from tfscale.step.train_step import unreduced
+    from tfscale.step.losses import unreduced
 
     precision.set_precision(args.precision)
     config = BertConfig.from_json_file(args.bert_config_file)

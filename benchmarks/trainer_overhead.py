@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 
 from benchmarks.scaling_worker import model_and_data
-from tfscale.step.train_step import unreduced
+from tfscale.step.losses import unreduced
 from tfscale.trainer.loop import TrainConfig, Trainer
 
 

@@ -26,6 +26,7 @@ float32 inputs ("tf32 (f32 acc)"). TensorFlow moves 2-byte elements
 `unsigned short` ("16-bit move").
 """
 
+import argparse
 import collections
 import glob
 import os
@@ -122,11 +123,16 @@ def _rows(counter, total, top):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        sys.exit(__doc__)
-    top = int(argv[1]) if len(argv) > 1 else 25
-    path = newest_profile(argv[0])
+    parser = argparse.ArgumentParser(
+        prog="xplane_top", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("folder", help="where the profile was written")
+    parser.add_argument("top", type=int, nargs="?", default=25,
+                        help="rows a table prints (default 25)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    top = args.top
+    path = newest_profile(args.folder)
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
         space.ParseFromString(f.read())

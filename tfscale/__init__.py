@@ -1,10 +1,23 @@
 """tfscale: distributed training for TensorFlow 2 / Keras 3 models.
 
 The engine's packages, bottom to top (docs/architecture.md): the base
-modules (`errors`, `_compat`, `durable`, `precision`, `xla_flags`),
+modules (`errors`, `_compat`, `lazy`, `durable`, `precision`, `xla_flags`),
 `optim`, `cluster`, `noise`, `train_config`, `step`, `keras`, `resume`,
-`zero`, `trainer`, then `jobs` and the entry points' `cli`; `horovod` beside
-them on the cluster layer.
+`zero`, `trainer`, then `jobs` (the job skeleton) with `job_lines` (what a
+job prints) and the entry points' `cli`; `horovod` beside them on the
+cluster layer.
+
+    errors.py        ConfigError (the field at fault), MissingExtra, the
+                     field-to-flag map
+    _compat.py       every TensorFlow and Keras version workaround
+    lazy.py          names a package exports, imported on first use
+    durable.py       files written whole (fsync, rename)
+    precision.py     the dtype policy and fp16's loss scale
+    xla_flags.py     XLA on or off, and the XLA_FLAGS a GPU run gets
+    train_config.py  TrainConfig: how the Trainer trains
+    jobs.py          the job skeleton (flags -> ... -> results -> leave)
+    job_lines.py     the lines a job prints before and after training
+    cli.py           what every entry point does before TensorFlow loads
 
 The names below are imported on first use, so `import tfscale.cli` (what
 an entry point does before TensorFlow loads) loads nothing else.

@@ -10,6 +10,18 @@ what differs. Importing it changes nothing outside it; `init()` makes Keras
 3's `optimizer.variables` also callable, as in Keras 2, for the examples
 that broadcast `opt.variables()`
 (`tfscale._compat.allow_calling_optimizer_variables`).
+
+    _state.py        the one process-wide state: this rank, its communicators
+    ops.py           the collectives (allreduce, allgather, broadcast, join),
+                     with their gradients
+    protocol.py      how the ranks agree on each collective before it runs
+    mpi_buffers.py   MPI on NumPy buffers, once the ranks agree
+    host.py          the TensorFlow boundary: every buffer MPI reads or writes
+    functions.py     collectives on variables and Python objects
+    optimizer.py     DistributedGradientTape and DistributedOptimizer
+    compression.py   what travels between the ranks (none, fp16)
+    _unsupported.py  Horovod's features it does not offer, each one line
+    keras/           `horovod.tensorflow.keras`: its optimizer and callbacks
 """
 
 from tfscale.horovod._state import (cross_rank, cross_size, gloo_built,
