@@ -176,6 +176,12 @@ def main():
         args.large_batch, args.base_batch = 16, 16
         args.steps, args.worker_steps, args.signal_step = 24, 24, 8
     json.dump(large, open(configs["large"], "w"))
+    # 1 worker against 2 at one global batch: no dropout (its masks differ
+    # with the replica count), as in the CPU tests.
+    still = dict(json.load(open(configs["base"])), hidden_dropout_prob=0.0,
+                 attention_probs_dropout_prob=0.0)
+    configs["still"] = os.path.join(out, "bert_base_no_dropout.json")
+    json.dump(still, open(configs["still"], "w"))
     args.loop = max(4, args.steps // 4)
     args.precision = ([] if args.tiny else ["--precision=mixed_bfloat16"])
     args.records = args.records or os.path.join(out, "records")
@@ -210,14 +216,14 @@ def main():
     steps, batch = args.worker_steps, args.base_batch
     flags = ["--deterministic", "--seed=7", f"--iterations_per_loop={args.loop}"]
     single = os.path.join(out, "w1")
-    runs = {"1 worker": (run(job(args, single, steps, batch, configs["base"],
+    runs = {"1 worker": (run(job(args, single, steps, batch, configs["still"],
                                  flags), single + ".log", args.timeout),
                          single)}
     for name, backend in (("2 workers, gRPC", "mwms"),
                           ("2 MPI ranks", "mpi")):
         run_dir = os.path.join(out, backend)
         runs[name] = (run(launched(2, job(args, run_dir, steps, batch,
-                                          configs["base"], flags), backend),
+                                          configs["still"], flags), backend),
                           run_dir + ".log", args.timeout), run_dir)
     reference = weights(single) if runs["1 worker"][0][0] == 0 else None
     for name, ((code, seconds), run_dir) in runs.items():
@@ -231,7 +237,7 @@ def main():
         print(json.dumps({name: row}), flush=True)
     # 3. SIGTERM to worker 1, then the rerun.
     run_dir = os.path.join(out, "preempted")
-    command = launched(2, job(args, run_dir, steps, batch, configs["base"],
+    command = launched(2, job(args, run_dir, steps, batch, configs["still"],
                               flags), "mwms")
     row = signalled_run(command, run_dir + "-1.log", run_dir,
                         args.signal_step, args.timeout)
