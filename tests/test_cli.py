@@ -32,6 +32,8 @@ SCRIPT = textwrap.dedent("""
             raise JobError("input_file", "no files match")
         if config == "crash":
             raise RuntimeError("boom\\nsecond line")
+        if config == "interrupt":
+            raise KeyboardInterrupt
     cli.run_job("prog", job, sys.argv[2])
 """)
 
@@ -43,7 +45,9 @@ def test_a_finished_job_leaves_at_once_with_everything_flushed(tmp_path):
                                ("error", 2, "prog: error: --input_file: no "
                                 "files match"),
                                ("crash", 1, "Traceback (most recent call "
-                                "last)")):
+                                "last)"),
+                               ("interrupt", 130, "prog: interrupted "
+                                "(Ctrl-C)")):
         target = tmp_path / f"{config}.txt"
         got, output = run_command(
             [sys.executable, "-c", SCRIPT, str(target), config], timeout=30)

@@ -511,3 +511,20 @@ def test_a_second_fit_trains_on_as_keras_fit_does(tmp_path):
     assert trainer.checkpoint_path.endswith("ckpt-20")
     for a, b in zip(weights(keras_model), weights(trainer.model)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_ctrl_c_is_recorded_once_then_raised():
+    # The first SIGINT asks the run to save and stop at the agreed step (as
+    # a preemption); a second one stops at once; outside fit, Python's own.
+    import signal
+
+    from tfscale.resume.preemption import SignalWatch
+    with SignalWatch() as watch:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert watch.requested and watch.interrupted
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with SignalWatch() as watch:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert watch.requested and not watch.interrupted

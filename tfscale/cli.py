@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import resource
+import signal
 import sys
 import tempfile
 import traceback
@@ -91,7 +92,7 @@ def run_job(program: str, job: Callable, config) -> None:
     (`CONFIG_ERROR_EXIT_CODE`: launchers do not restart), or 1 when another
     attempt may succeed (`JobError.restartable`); preemption prints a line
     and exits 143 after the checkpoint (launchers and schedulers restart
-    the job); any other error, its traceback and exit 1.
+    the job), Ctrl-C 130; any other error, its traceback and exit 1.
     """
     from tfscale.errors import MissingExtra
     from tfscale.jobs import JobError
@@ -110,6 +111,10 @@ def run_job(program: str, job: Callable, config) -> None:
     except Preempted as e:
         print(f"{program}: {e}", file=sys.stderr)
         leave(e.code)
+    except KeyboardInterrupt:
+        # Ctrl-C: the Trainer saved the agreed step first (preemption.py).
+        print(f"{program}: interrupted (Ctrl-C)", file=sys.stderr)
+        leave(128 + signal.SIGINT)
     except Exception as e:  # noqa: BLE001 - reported, then the same fast exit
         from tfscale.cluster.fail_fast import error_line
         traceback.print_exc()

@@ -54,6 +54,13 @@ PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 class SignalWatch:
     """Records a preemption signal while active (a context manager).
 
+    Ctrl-C (SIGINT) is recorded too, as `interrupted`: the run saves and
+    stops at the agreed step like a preemption, then raises
+    `KeyboardInterrupt` instead of `Preempted`. Python's own handler would
+    raise it wherever the main thread happens to be, also inside a
+    callback TensorFlow runs from C++ (a checkpoint's), where it can be
+    swallowed and the run goes on; a second Ctrl-C raises it at once.
+
     Only the main thread can install signal handlers; elsewhere it watches
     nothing and `requested` stays False.
     """
@@ -62,14 +69,19 @@ class SignalWatch:
         self._signals = signals
         self._previous = {}
         self.requested = False
+        self.interrupted = False
 
     def _handler(self, signum, frame):
-        del signum, frame
+        del frame
+        if signum == signal.SIGINT:
+            if self.interrupted:
+                raise KeyboardInterrupt
+            self.interrupted = True
         self.requested = True
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for sig in self._signals:
+            for sig in (*self._signals, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handler)
         return self
 

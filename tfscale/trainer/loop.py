@@ -233,6 +233,7 @@ class Trainer:
         Raises:
             Preempted: A worker got SIGTERM; the checkpoint of the step all
                 workers agreed on is saved (a `SystemExit` with code 143).
+            KeyboardInterrupt: Ctrl-C (SIGINT), after the same save.
             checkpointing.RestoreError: The checkpoint does not fit.
             InputPipelineError: The input pipeline failed.
             ValueError: Inputs that do not fit the Trainer (batch size,
@@ -423,6 +424,9 @@ class Trainer:
             # Exit together: an MPI launcher ends the job as soon as one
             # rank exits, possibly before the chief's checkpoint is done.
             self.leave_together()
+            if watch.interrupted:
+                self._log(f"interrupted (SIGINT): saved step {step}")
+                raise KeyboardInterrupt
             self._log(f"preempted (SIGTERM/SIGUSR1): saved step {step}, "
                       "exiting with code 143")
             raise Preempted(step, self.checkpoint_path)
