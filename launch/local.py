@@ -353,12 +353,6 @@ def _parser() -> argparse.ArgumentParser:
                              "(MultiWorkerMirroredStrategy); mpi: the ranks "
                              "of one mpirun (run the command with "
                              "--backend=mpi) (default: mwms)")
-    parser.add_argument("--mpirun", default=None,
-                        help="--backend mpi: the mpirun to use (default: "
-                             "beside this Python, else on PATH)")
-    parser.add_argument("--mpirun_args", default="",
-                        help="--backend mpi: extra mpirun options, e.g. "
-                             "\"--mca btl tcp,self\" (default: none)")
     parser.add_argument("--port", type=int, default=None,
                         help="first of N consecutive ports (default: free "
                              "ports)")
@@ -383,27 +377,49 @@ def _parser() -> argparse.ArgumentParser:
                         help="after a worker fails, seconds the others get "
                              "between SIGTERM and SIGKILL (a file being "
                              "written is finished) (default: 5)")
-    parser.add_argument("--gpus_per_worker", type=int, default=None,
-                        help="GPUs each worker sees (CUDA_VISIBLE_DEVICES: "
-                             "worker i gets GPUs i*K..i*K+K-1 of the host); "
-                             "0: none (default: 1 when the host has GPUs, "
-                             "nvidia-smi -L or CUDA_VISIBLE_DEVICES)")
-    parser.add_argument("--share_gpus", action="store_true",
-                        help="every worker sees every GPU of the host, with "
-                             "TF_FORCE_GPU_ALLOW_GROWTH=true (several "
-                             "workers on one GPU, e.g. to try a multi-worker "
-                             "layout on a one-GPU machine; MWMS needs "
-                             "--all_reduce_alg=ring there: NCCL refuses two "
-                             "ranks on one GPU)")
-    parser.add_argument("--data_service_workers", type=int, default=0,
-                        help="also start a tf.data service with this many "
-                             "workers on this host; the training workers "
-                             "decode on it (entry points read "
-                             "$TFSCALE_DATA_SERVICE) (default: 0, none)")
-    parser.add_argument("--data_service_dir", default=None,
-                        help="the service dispatcher's journal (default: "
-                             "a temporary directory)")
+    _add_mpi_options(parser.add_argument_group("--backend mpi"))
+    _add_gpu_options(parser.add_argument_group("GPUs"))
+    _add_data_service_options(
+        parser.add_argument_group("tf.data service"))
     return parser
+
+
+def _add_mpi_options(group) -> None:
+    """The options of the MPI backend."""
+    group.add_argument("--mpirun", default=None,
+                       help="--backend mpi: the mpirun to use (default: "
+                            "beside this Python, else on PATH)")
+    group.add_argument("--mpirun_args", default="",
+                       help="--backend mpi: extra mpirun options, e.g. "
+                            "\"--mca btl tcp,self\" (default: none)")
+
+
+def _add_gpu_options(group) -> None:
+    """How the host's GPUs are shared among the workers."""
+    group.add_argument("--gpus_per_worker", type=int, default=None,
+                       help="GPUs each worker sees (CUDA_VISIBLE_DEVICES: "
+                            "worker i gets GPUs i*K..i*K+K-1 of the host); "
+                            "0: none (default: 1 when the host has GPUs, "
+                            "nvidia-smi -L or CUDA_VISIBLE_DEVICES)")
+    group.add_argument("--share_gpus", action="store_true",
+                       help="every worker sees every GPU of the host, with "
+                            "TF_FORCE_GPU_ALLOW_GROWTH=true (several "
+                            "workers on one GPU, e.g. to try a multi-worker "
+                            "layout on a one-GPU machine; MWMS needs "
+                            "--all_reduce_alg=ring there: NCCL refuses two "
+                            "ranks on one GPU) (default: off)")
+
+
+def _add_data_service_options(group) -> None:
+    """A tf.data service beside the workers."""
+    group.add_argument("--data_service_workers", type=int, default=0,
+                       help="also start a tf.data service with this many "
+                            "workers on this host; the training workers "
+                            "decode on it (entry points read "
+                            "$TFSCALE_DATA_SERVICE) (default: 0, none)")
+    group.add_argument("--data_service_dir", default=None,
+                       help="the service dispatcher's journal (default: "
+                            "a temporary directory)")
 
 
 def parse_args(argv: Sequence[str]):

@@ -14,6 +14,8 @@ What it owns, one module a job:
 - `frameworks.py`: what the training software adds to a step (the update's
   passes over the weights, a cost per gradient tensor, overlap), presets
   with their sources;
+- `preset_files.py`: a preset by name or a JSON file of its fields, each
+  refusal one line (what `--system` and `--framework` take);
 - `projection.py`: the step split at N GPUs, throughput, weak and strong
   scaling efficiency, the bandwidth a target efficiency needs, time to a
   target from the gradient noise scale, and uncertainty bands;

@@ -108,97 +108,117 @@ def parse_args(argv):
         prog="tfscale-plan", description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 2)[2],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--summary", help="a run's summary.json "
+    _add_run_options(p)
+    _add_system_options(p.add_argument_group("the system"))
+    _add_workload_options(p.add_argument_group("the workload (default: the run's)"))
+    _add_target_options(p.add_argument_group("the target"))
+    return p.parse_args(argv)
+
+
+def _add_run_options(g) -> None:
+    """The run the plan starts from, and the output."""
+    g.add_argument("--summary", help="a run's summary.json "
                    "(run_pretraining.py, train_image_classifier.py)")
-    p.add_argument("--system", default="dgx-a100", help="a preset (%s) or "
+    g.add_argument("--json", action="store_true",
+                   help="rows as JSON on stdout")
+    g.add_argument("--plot", help="efficiency and time to target against "
+                   "GPUs, to this .png (needs matplotlib: the [plot] extra)")
+
+
+def _add_system_options(g) -> None:
+    """The GPUs, their network and the framework."""
+    g.add_argument("--system", default="dgx-a100", help="a preset (%s) or "
                    "a .json file of System's fields: gpus_per_node, "
                    "peak_tflops, memory_bandwidth (bytes/s), intra_bandwidth "
                    "(bytes/s), intra_latency (s), nic_bandwidth (bytes/s, one "
                    "NIC, one direction), nics_per_node, network_efficiency "
                    "(0-1], nic_latency (s), base_latency (s)"
                    % ", ".join(systems.PRESETS))
-    p.add_argument("--framework", default="tfscale",
+    g.add_argument("--framework", default="tfscale",
                    help="a preset (%s) or a .json file of Framework's fields: "
                    "update_passes, tensor_seconds (s), overlap [0, 1]"
                    % ", ".join(frameworks.PRESETS))
-    p.add_argument("--gpus", type=_gpu_counts,
+    g.add_argument("--gpus", type=_gpu_counts,
                    default=[2 ** i for i in range(3, 13)],
                    help="GPU counts (default 8,16,...,4096): one node's "
                    "GPUs or fewer, or whole nodes")
-    p.add_argument("--parameters", type=_number("parameters", 0,
-                                                low_open=True),
-                   help="trainable parameters")
-    p.add_argument("--micro_batch", type=int,
-                   help="examples per GPU per micro-batch")
-    p.add_argument("--accumulation", type=int,
-                   help="micro-batches per step")
-    p.add_argument("--micro_ms", type=_number("micro_ms", 0, low_open=True),
-                   help="one micro-batch's forward and backward, ms")
-    p.add_argument("--compute_scale", type=_number("compute_scale", 0,
-                                                   low_open=True),
-                   default=1.0,
-                   help="multiplies the micro-batch's and the update's "
-                   "time (the target GPU's time over the run's device's)")
-    p.add_argument("--gradient_dtype", choices=sorted(DTYPE_BYTES),
-                   help="on the wire (default: the run's, else float32)")
-    p.add_argument("--update_ms", type=_number("update_ms", 0),
-                   help="the optimizer's update, ms (default: measured, "
-                   "else the framework's passes at the GPU's memory "
-                   "bandwidth)")
-    p.add_argument("--fixed_ms", type=_number("fixed_ms", 0),
-                   help="per-step time N does not change, ms")
-    p.add_argument("--tensors", type=int, help="gradient tensors a step "
-                   "reduces (a framework may pay a cost per tensor)")
-    p.add_argument("--jitter", type=_number("jitter", 0, 1),
-                   help="a micro-batch's time's coefficient of variation")
-    p.add_argument("--overlap", type=_number("overlap", 0, 1),
-                   help="share of the backward pass the sync hides behind "
-                   "(default: the framework's; tfscale's step: 0)")
-    p.add_argument("--algorithm", choices=collectives.ALGORITHMS,
-                   default="auto")
-    p.add_argument("--zero1", action="store_true", help="optimizer state "
-                   "sharded (reduce-scatter + all-gather, 1/N of the "
-                   "update)")
-    p.add_argument("--fusion_mb", type=_number("fusion_mb", 0,
-                                               low_open=True),
-                   default=64.0, help="fused all-reduce buffer, MB")
-    p.add_argument("--measured", type=_measured,
+    g.add_argument("--measured", type=_measured,
                    help="throughputs measured on this system: "
                    "NODES:EXAMPLES_PER_S[:ACCUMULATION],...; the first row "
                    "gives the micro-batch's time, a second the network's "
                    "efficiency (printed, with a warning if implausible)")
-    p.add_argument("--link", help="an all-reduce size sweep of your hosts "
+    g.add_argument("--link", help="an all-reduce size sweep of your hosts "
                    "(JSON from python -m tfscale.cluster.link_probe): its "
                    "latency and bus bandwidth replace the system's network")
-    p.add_argument("--link_from_run", action="store_true",
+    g.add_argument("--link_from_run", action="store_true",
                    help="the system's network efficiency from the run's "
                    "measured sync (a --summary run on these links)")
-    p.add_argument("--target_efficiency", type=_number(
+    g.add_argument("--algorithm", choices=collectives.ALGORITHMS,
+                   default="auto")
+    g.add_argument("--fusion_mb", type=_number("fusion_mb", 0,
+                                               low_open=True),
+                   default=64.0, help="fused all-reduce buffer, MB")
+
+
+def _add_workload_options(g) -> None:
+    """One step of the model, where no run gives it."""
+    g.add_argument("--parameters", type=_number("parameters", 0,
+                                                low_open=True),
+                   help="trainable parameters")
+    g.add_argument("--micro_batch", type=int,
+                   help="examples per GPU per micro-batch")
+    g.add_argument("--accumulation", type=int,
+                   help="micro-batches per step")
+    g.add_argument("--micro_ms", type=_number("micro_ms", 0, low_open=True),
+                   help="one micro-batch's forward and backward, ms")
+    g.add_argument("--compute_scale", type=_number("compute_scale", 0,
+                                                   low_open=True),
+                   default=1.0,
+                   help="multiplies the micro-batch's and the update's "
+                   "time (the target GPU's time over the run's device's)")
+    g.add_argument("--gradient_dtype", choices=sorted(DTYPE_BYTES),
+                   help="on the wire (default: the run's, else float32)")
+    g.add_argument("--update_ms", type=_number("update_ms", 0),
+                   help="the optimizer's update, ms (default: measured, "
+                   "else the framework's passes at the GPU's memory "
+                   "bandwidth)")
+    g.add_argument("--fixed_ms", type=_number("fixed_ms", 0),
+                   help="per-step time N does not change, ms")
+    g.add_argument("--tensors", type=int, help="gradient tensors a step "
+                   "reduces (a framework may pay a cost per tensor)")
+    g.add_argument("--jitter", type=_number("jitter", 0, 1),
+                   help="a micro-batch's time's coefficient of variation")
+    g.add_argument("--overlap", type=_number("overlap", 0, 1),
+                   help="share of the backward pass the sync hides behind "
+                   "(default: the framework's; tfscale's step: 0)")
+    g.add_argument("--zero1", action="store_true", help="optimizer state "
+                   "sharded (reduce-scatter + all-gather, 1/N of the "
+                   "update)")
+
+
+def _add_target_options(g) -> None:
+    """What the run must reach, and what it may cost."""
+    g.add_argument("--target_efficiency", type=_number(
         "target_efficiency", 0, 1, low_open=True, high_open=True),
         default=0.9)
-    p.add_argument("--target_steps", type=_number("target_steps", 0,
+    g.add_argument("--target_steps", type=_number("target_steps", 0,
                                                   low_open=True),
                    help="steps the run's target took at --target_batch "
                    "(default: the run's)")
-    p.add_argument("--target_batch", type=int,
+    g.add_argument("--target_batch", type=int,
                    help="global batch of --target_steps")
-    p.add_argument("--noise_scale", type=_number("noise_scale", 0,
+    g.add_argument("--noise_scale", type=_number("noise_scale", 0,
                                                  low_open=True),
                    help="B_noise (default: the run's)")
-    p.add_argument("--noise_interval",
+    g.add_argument("--noise_interval",
                    help="LOW,HIGH of B_noise (HIGH may be 'inf')")
-    p.add_argument("--gpu_hour_price", type=_number("gpu_hour_price", 0,
+    g.add_argument("--gpu_hour_price", type=_number("gpu_hour_price", 0,
                                                     low_open=True),
                    help="price of one GPU for an hour: the cost to the "
                    "target per row")
-    p.add_argument("--deadline", type=_number("deadline", 0, low_open=True),
+    g.add_argument("--deadline", type=_number("deadline", 0, low_open=True),
                    help="hours: the cheapest GPU count that reaches the "
                    "target within them")
-    p.add_argument("--json", action="store_true",
-                   help="rows as JSON on stdout")
-    p.add_argument("--plot", help="efficiency and time to target against "
-                   "GPUs, to this .png (needs matplotlib: the [plot] extra)")
-    return p.parse_args(argv)
 
 
 def _check_args(args, system) -> None:

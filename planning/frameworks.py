@@ -26,8 +26,9 @@ A framework file is JSON with `Framework`'s fields (`--framework my.json`).
 """
 
 import dataclasses
-import json
 from typing import Dict, Optional
+
+from planning import preset_files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,26 +76,5 @@ PRESETS: Dict[str, Framework] = {
 
 def load(name_or_path: str) -> Framework:
     """A preset by name, or a JSON file of `Framework`'s fields."""
-    if name_or_path in PRESETS:
-        return PRESETS[name_or_path]
-    if not name_or_path.endswith(".json"):
-        raise ValueError(f"--framework {name_or_path!r}: not a preset "
-                         f"({', '.join(PRESETS)}) nor a .json file")
-    try:
-        with open(name_or_path) as f:
-            fields = json.load(f)
-    except ValueError as e:
-        raise ValueError(f"{name_or_path}: not JSON ({e})") from None
-    if not isinstance(fields, dict) or not fields:
-        raise ValueError(f"{name_or_path}: empty; a framework file holds "
-                         f"{[f.name for f in dataclasses.fields(Framework)]}")
-    known = {f.name for f in dataclasses.fields(Framework)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(f"{name_or_path}: unknown field(s) {unknown}; a "
-                         f"framework file holds {sorted(known)}")
-    fields.setdefault("name", name_or_path)
-    try:
-        return Framework(**fields)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{name_or_path}: {e}") from None
+    return preset_files.load("--framework", name_or_path, PRESETS,
+                             Framework, kind="framework")

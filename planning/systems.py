@@ -18,8 +18,9 @@ network, 8.4 us a collective; NVIDIA/nccl src/graph/tuning.cc):
 """
 
 import dataclasses
-import json
 from typing import Dict
+
+from planning import preset_files
 
 GB = 1e9
 
@@ -109,35 +110,18 @@ PRESETS: Dict[str, System] = {
 
 def load(name_or_path: str) -> System:
     """A preset by name, or a JSON file of `System`'s fields."""
-    if name_or_path in PRESETS:
-        return PRESETS[name_or_path]
-    if not name_or_path.endswith(".json"):
-        raise ValueError(f"--system {name_or_path!r}: not a preset "
-                         f"({', '.join(PRESETS)}) nor a .json file")
-    try:
-        with open(name_or_path) as f:
-            fields = json.load(f)
-    except ValueError as e:
-        raise ValueError(f"{name_or_path}: not JSON ({e})") from None
-    known = {f.name for f in dataclasses.fields(System)}
-    if not isinstance(fields, dict) or not fields:
-        raise ValueError(f"{name_or_path}: empty; a system file holds "
-                         f"{sorted(known)} (UNITS in planning/systems.py)")
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(f"{name_or_path}: unknown field(s) {unknown}; a "
-                         f"system file holds {sorted(known)}")
+    return preset_files.load("--system", name_or_path, PRESETS, System,
+                             kind="system", check=_check_units,
+                             where=" (UNITS in planning/systems.py)")
+
+
+def _check_units(path: str, fields: dict) -> None:
     for field, (low, high, unit, example) in UNITS.items():
         value = fields.get(field)
         if isinstance(value, (int, float)) and not low <= value <= high:
             raise ValueError(
-                f"{name_or_path}: {field} {value:g} is not in {unit} "
+                f"{path}: {field} {value:g} is not in {unit} "
                 f"({low:g}-{high:g}; {example})")
-    fields.setdefault("name", name_or_path)
-    try:
-        return System(**fields)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{name_or_path}: {e}") from None
 
 
 # Each number field of a system file: (least, most, unit, an example). A
