@@ -2,7 +2,7 @@
 #   make demo   build a small real corpus into BERT records, pretrain BERT-tiny
 #               with 2 local workers, print the summary
 #   make test   run the test suite
-#   (make test-quick: the unit tests only, under 3 minutes;
+#   (make test-quick: the unit tests only, about 5 minutes;
 #    make demo-images: ResNet-50 on generated JPEG records, 2 workers)
 # Each creates ./.venv (unless a virtualenv is active) and installs what it needs.
 
@@ -79,7 +79,7 @@ test: install-test
 	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # Unit tests in one process (no worker processes, no clusters), the files
-# docs/tests.md marks quick: under 3 minutes on 2 cores.
+# docs/tests.md marks quick: about 5 minutes on 2 cores.
 QUICK_TESTS = tests/test_benchmark_models.py tests/test_benchmarks.py \
 	tests/test_bert.py \
 	tests/test_bert_pretraining.py tests/test_cluster.py tests/test_compat.py \

@@ -516,15 +516,25 @@ def test_a_second_fit_trains_on_as_keras_fit_does(tmp_path):
 def test_ctrl_c_is_recorded_once_then_raised():
     # The first SIGINT asks the run to save and stop at the agreed step (as
     # a preemption); a second one stops at once; outside fit, Python's own.
+    # Where SIGINT is ignored (a background job), it stays ignored.
     import signal
 
     from tfscale.resume.preemption import SignalWatch
-    with SignalWatch() as watch:
-        os.kill(os.getpid(), signal.SIGINT)
-        assert watch.requested and watch.interrupted
-        with pytest.raises(KeyboardInterrupt):
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with SignalWatch() as watch:
             os.kill(os.getpid(), signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with SignalWatch() as watch:
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert watch.requested and not watch.interrupted
+            assert watch.requested and watch.interrupted
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with SignalWatch() as watch:
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert watch.requested and not watch.interrupted
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with SignalWatch() as watch:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert not watch.requested
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -60,6 +60,7 @@ class SignalWatch:
     raise it wherever the main thread happens to be, also inside a
     callback TensorFlow runs from C++ (a checkpoint's), where it can be
     swallowed and the run goes on; a second Ctrl-C raises it at once.
+    Where SIGINT is ignored (a shell's background job), it stays ignored.
 
     Only the main thread can install signal handlers; elsewhere it watches
     nothing and `requested` stays False.
@@ -81,7 +82,10 @@ class SignalWatch:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            for sig in (*self._signals, signal.SIGINT):
+            watched = list(self._signals)
+            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+                watched.append(signal.SIGINT)  # (a background job ignores it)
+            for sig in watched:
                 self._previous[sig] = signal.signal(sig, self._handler)
         return self
 
