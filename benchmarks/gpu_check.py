@@ -1,48 +1,52 @@
-r"""BERT-large on one GPU, and the multi-worker GPU step on a real GPU, in
-one call of about 10 minutes.
+r"""The multi-worker GPU step on a real GPU, in one call of about 6 minutes.
 
     python -m benchmarks.gpu_check --output_dir OUT          # on a GPU host
     python -m benchmarks.gpu_check --output_dir OUT --tiny   # the same, small, on a CPU
+    python -m benchmarks.gpu_check --output_dir OUT --levers # BERT on one GPU: benchmarks/gpu_levers.py
 
-1. BERT-large (sequence 128, 20 predictions: the phase-1 shape) through
-   run_pretraining.py with the default flags at `--large_batch`: examples/s
-   over the steady interval and the share of the GPU's bf16 peak, counting
-   6 x the non-embedding parameters x 128 tokens plus the attention's
-   12 x layers x 128^2 x hidden multiply-adds (forward and backward) a
-   sequence; BERT-base beside it.
-2. The multi-worker GPU step: BERT-base at one global batch and
-   `--deterministic` on 1 worker, on 2 workers sharing the GPU over gRPC
-   (`launch.local --share_gpus`, `--all_reduce_alg=ring`: NCCL refuses two
-   ranks on one GPU) and on 2 MPI ranks sharing it; each run's last
-   interval loss and its checkpoint against the 1-worker run's (the CPU
-   tests' check: the same records per global batch, the same weights
-   within float summation order).
-3. SIGTERM to worker 1 of the 2-worker gRPC run once it passes
-   `--signal_step`: the job must save and exit 143; its rerun resumes and
-   must end bit-identical to the uninterrupted 2-worker run.
+BERT-base (sequence 128, 20 predictions, LAMB, mixed_bfloat16; BERT-tiny
+and float32 with `--tiny`) through `run_pretraining.py`:
 
-Writes results.json and table.md in --output_dir (and each run's log).
+1. Placement and one global batch (`--batch`), concurrently on the one GPU
+   (memory growth; nothing here is timed): 1 worker; 2 gRPC workers
+   sharing the GPU (`launch.local --share_gpus`, `--all_reduce_alg=ring`:
+   NCCL refuses two ranks on one GPU); 2 MPI ranks sharing it; all with
+   `--deterministic --seed=7` and no dropout (its masks differ with the
+   replica count), `--iterations_per_loop=1000` (Google's default: one
+   call runs up to 1,000 steps, bounded at 2 s). Each run's checkpoint
+   against the 1 worker's (the CPU tests' check: the same records per
+   global batch, the same weights within float summation order), and
+   each run's placement line (where its replicas and variables are).
+2. Beside them, SIGTERM to worker 1 of a third 2-worker gRPC run once its
+   first periodic checkpoint is written: the seconds to the complete
+   preemption checkpoint and to the exit (143); then (alone) the rerun,
+   which resumes and must end bit-identical to the uninterrupted 2-worker
+   run.
+3. Alone, timed: 1 worker with dropout, `--deterministic` against not, at
+   the same batch: examples/s over the steady intervals and the ratio
+   (the goal: at most 1.5x the time).
+
+Writes results.json and table.md in --output_dir, and each run's log.
 """
 
 import argparse
 import glob
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 
-import numpy as np
+from benchmarks.harness import REPO, Job, compare, weights
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-INTERVAL = re.compile(r"step (\d+): loss ([\d.]+), ([\d.]+) examples/s, step "
-                      r"([\d.]+) ms")
 PEAK_BF16_TFLOPS = 989.0  # H100 SXM dense bf16; the H200 has the same
 
 
 def flops_per_sequence(config: dict, seq: int = 128) -> float:
+    """Training FLOPs of one sequence: 6 x the non-embedding parameters'
+    multiply-adds per token x `seq` tokens, plus the attention's score
+    and context matmuls (forward and backward)."""
     hidden, layers = config["hidden_size"], config["num_hidden_layers"]
     inner = config["intermediate_size"]
     per_layer = 4 * hidden * hidden + 2 * hidden * inner
@@ -51,19 +55,18 @@ def flops_per_sequence(config: dict, seq: int = 128) -> float:
     return dense + attention
 
 
-def job(args, out_dir: str, steps: int, batch: int, config: str,
-        extra=()) -> list:
+def job_command(args, run_dir: str, steps: int, config: str, extra=()) -> list:
     return [sys.executable, "run_pretraining.py",
             f"--input_file={args.records}/bert-*.tfrecord",
-            f"--output_dir={out_dir}", f"--bert_config_file={config}",
+            f"--output_dir={run_dir}", f"--bert_config_file={config}",
             "--max_seq_length=128", "--max_predictions_per_seq=20",
-            f"--train_batch_size={batch}", "--optimizer=lamb",
+            f"--train_batch_size={args.batch}", "--optimizer=lamb",
             "--learning_rate=1e-4", f"--num_train_steps={steps}",
-            "--num_warmup_steps=10", f"--iterations_per_loop={args.loop}",
-            f"--save_checkpoints_steps={steps}", *args.precision, *extra]
+            "--num_warmup_steps=10", *args.precision, *extra]
 
 
 def launched(workers: int, command, backend: str = "mwms") -> list:
+    """`command` as `workers` workers sharing the host's GPUs."""
     mpi = ["--backend", "mpi"] if backend == "mpi" else []
     return [sys.executable, "-m", "launch.local", "--num_workers",
             str(workers), "--share_gpus", *mpi, "--", *command,
@@ -71,194 +74,204 @@ def launched(workers: int, command, backend: str = "mwms") -> list:
             *(["--all_reduce_alg=ring"] if backend == "mwms" else [])]
 
 
-def run(command, log: str, timeout: float) -> tuple:
-    start = time.monotonic()
-    with open(log, "w") as f:
-        try:
-            code = subprocess.run(command, cwd=REPO, stdout=f,
-                                  stderr=subprocess.STDOUT,
-                                  timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    return code, time.monotonic() - start
-
-
-def intervals(log: str) -> dict:
-    text = open(log, errors="replace").read()
-    return {int(m[0]): (float(m[1]), float(m[2]), float(m[3]))
-            for m in INTERVAL.findall(text)}
-
-
-def weights(out_dir: str) -> dict:
-    import tensorflow as tf
-    path = tf.train.latest_checkpoint(os.path.join(out_dir, "checkpoints"))
-    reader = tf.train.load_checkpoint(path)
-    return {k: reader.get_tensor(k) for k in
-            reader.get_variable_to_dtype_map() if k.startswith("model/")
-            and reader.get_variable_to_dtype_map()[k] != tf.string}
-
-
-def compare(a: dict, b: dict) -> dict:
-    worst = max(float(np.max(np.abs(a[k] - b[k])) /
-                      (float(np.max(np.abs(a[k]))) + 1e-12)) for k in a)
-    same = all(np.array_equal(a[k], b[k]) for k in a)
-    return {"max_relative_difference": worst, "bit_identical": same}
-
-
-def signalled_run(command, log: str, out_dir: str, step: int,
-                  timeout: float) -> dict:
-    """The 2-worker run, SIGTERM to worker 1 after step `step`."""
-    with open(log, "w") as f:
-        proc = subprocess.Popen(command, cwd=REPO, stdout=f,
-                                stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        sent = None
-        while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-            if sent is None and any(s >= step for s in intervals(log)):
-                for pid in _pids(out_dir):
-                    if b"TFSCALE_WORKER_INDEX=1" in open(
-                            f"/proc/{pid}/environ", "rb").read():
-                        os.kill(pid, signal.SIGTERM)
-                        sent = time.monotonic()
-        if proc.poll() is None:
-            proc.kill()
-        code = proc.wait()
-    text = open(log, errors="replace").read()
-    saved = re.search(r"preempted: checkpoint at step (\d+) saved", text)
-    return {"exit_code": code, "saved_step": int(saved.group(1))
-            if saved else None,
-            "signal_to_exit_seconds": (time.monotonic() - sent)
-            if sent else None}
-
-
-def _pids(marker: str) -> list:
-    found = []
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                command = f.read()
-        except OSError:
-            continue
-        if marker.encode() in command and b"launch.local" not in command:
-            found.append(int(pid))
-    return found
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--tiny", action="store_true",
-                        help="BERT-tiny-sized configs and few steps (a CPU "
-                        "try of the script)")
-    parser.add_argument("--large_batch", type=int, default=128)
-    parser.add_argument("--base_batch", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=120,
-                        help="steps of the BERT-large and -base runs")
-    parser.add_argument("--worker_steps", type=int, default=60)
-    parser.add_argument("--signal_step", type=int, default=20)
-    parser.add_argument("--records", default=None)
-    parser.add_argument("--timeout", type=float, default=240)
-    args = parser.parse_args()
-    out = os.path.abspath(args.output_dir)
-    os.makedirs(out, exist_ok=True)
-    configs = {"large": os.path.join(out, "bert_large.json"),
-               "base": os.path.join(REPO, "benchmarks", "bert_base.json")}
-    large = json.load(open(configs["base"]))
-    large.update(hidden_size=1024, num_hidden_layers=24,
-                 num_attention_heads=16, intermediate_size=4096)
+def make_configs(args, out: str) -> dict:
+    """{"base": BERT-base (BERT-tiny with --tiny), "still": it without
+    dropout} config files."""
+    base = json.load(open(os.path.join(REPO, "benchmarks", "bert_base.json")))
     if args.tiny:
-        large.update(hidden_size=128, num_hidden_layers=4,
-                     num_attention_heads=2, intermediate_size=512)
-        base = dict(large, num_hidden_layers=2)
-        configs["base"] = os.path.join(out, "bert_tiny.json")
-        json.dump(base, open(configs["base"], "w"))
-        args.large_batch, args.base_batch = 16, 16
-        args.steps, args.worker_steps, args.signal_step = 24, 24, 8
-    json.dump(large, open(configs["large"], "w"))
-    # 1 worker against 2 at one global batch: no dropout (its masks differ
-    # with the replica count), as in the CPU tests.
-    still = dict(json.load(open(configs["base"])), hidden_dropout_prob=0.0,
+        base.update(hidden_size=128, num_hidden_layers=2,
+                    num_attention_heads=2, intermediate_size=512)
+    still = dict(base, hidden_dropout_prob=0.0,
                  attention_probs_dropout_prob=0.0)
-    configs["still"] = os.path.join(out, "bert_base_no_dropout.json")
-    json.dump(still, open(configs["still"], "w"))
-    args.loop = max(4, args.steps // 4)
-    args.precision = ([] if args.tiny else ["--precision=mixed_bfloat16"])
-    args.records = args.records or os.path.join(out, "records")
+    paths = {}
+    for name, config in (("base", base), ("still", still)):
+        paths[name] = os.path.join(out, f"bert_{name}.json")
+        json.dump(config, open(paths[name], "w"))
+    return paths
+
+
+def make_records(args) -> None:
     if not glob.glob(os.path.join(args.records, "bert-*.tfrecord")):
         os.makedirs(args.records, exist_ok=True)
         subprocess.run([sys.executable, "-c",
                         "from benchmarks.input_pipeline import write_records;"
                         f"write_records({args.records!r}, 4096, 4)"],
                        cwd=REPO, check=True)
-    results = {"tiny": args.tiny}
-    # 1. BERT-large and -base on one GPU, the default flags.
-    for name, batch in (("large", args.large_batch),
-                        ("base", args.base_batch)):
-        run_dir = os.path.join(out, f"one-{name}")
-        code, seconds = run(job(args, run_dir, args.steps, batch,
-                                configs[name]),
-                            os.path.join(out, f"one-{name}.log"),
-                            args.timeout)
-        found = intervals(os.path.join(out, f"one-{name}.log"))
-        steady = [v for s, v in sorted(found.items()) if s > args.loop]
-        config = json.load(open(configs[name]))
-        row = {"exit_code": code, "seconds": seconds, "batch": batch,
-               "gflop_per_sequence": flops_per_sequence(config) / 1e9}
-        if steady:
-            rate = steady[-1][1]
-            row.update(examples_per_second=rate, step_ms=steady[-1][2],
-                       share_of_peak=rate * flops_per_sequence(config)
-                       / (PEAK_BF16_TFLOPS * 1e12))
-        results[f"bert_{name}"] = row
-        print(json.dumps({name: row}), flush=True)
-    # 2. One global batch on 1 worker, 2 gRPC workers, 2 MPI ranks.
-    steps, batch = args.worker_steps, args.base_batch
-    flags = ["--deterministic", "--seed=7", f"--iterations_per_loop={args.loop}"]
-    single = os.path.join(out, "w1")
-    runs = {"1 worker": (run(job(args, single, steps, batch, configs["still"],
-                                 flags), single + ".log", args.timeout),
-                         single)}
-    for name, backend in (("2 workers, gRPC", "mwms"),
-                          ("2 MPI ranks", "mpi")):
-        run_dir = os.path.join(out, backend)
-        runs[name] = (run(launched(2, job(args, run_dir, steps, batch,
-                                          configs["still"], flags), backend),
-                          run_dir + ".log", args.timeout), run_dir)
-    reference = weights(single) if runs["1 worker"][0][0] == 0 else None
-    for name, ((code, seconds), run_dir) in runs.items():
-        row = {"exit_code": code, "seconds": seconds}
-        found = intervals(run_dir + ".log")
-        if found:
-            row["last_loss"] = found[max(found)][0]
-        if code == 0 and reference is not None:
+
+
+def wait_for_line(job: Job, text: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while job.running() and time.monotonic() < deadline:
+        if text in job.text():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def first_line_time(job: Job, text: str, since: float, timeout: float):
+    """Seconds from `since` (time.monotonic()) until `text` is in the log,
+    or None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in job.text():
+            return time.monotonic() - since
+        if not job.running():
+            return (time.monotonic() - since) if text in job.text() else None
+        time.sleep(0.05)
+    return None
+
+
+def row_of(job: Job) -> dict:
+    row = {"exit_code": job.code, "seconds": round(job.seconds or 0, 1),
+           "placement": job.placement()}
+    found = job.intervals()
+    if found:
+        row["last_loss"] = found[max(found)][0]
+    return row
+
+
+def multi_worker(args, out: str) -> dict:
+    configs = make_configs(args, out)
+    make_records(args)
+    gpu_env = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    steps = args.steps
+    same = ["--deterministic", "--seed=7", "--iterations_per_loop=1000",
+            f"--save_checkpoints_steps={args.save_steps}"]
+    runs = {
+        "1 worker": Job("w1", job_command(
+            args, os.path.join(out, "w1"), steps, configs["still"], same),
+            out, gpu_env),
+        "2 workers, gRPC": Job("grpc2", launched(2, job_command(
+            args, os.path.join(out, "grpc2"), steps, configs["still"], same)),
+            out, gpu_env),
+        "2 MPI ranks": Job("mpi2", launched(2, job_command(
+            args, os.path.join(out, "mpi2"), steps, configs["still"], same),
+            "mpi"), out, gpu_env),
+    }
+    sig_dir = os.path.join(out, "sigterm")
+    sig_command = launched(2, job_command(args, sig_dir, steps,
+                                          configs["still"], same))
+    sig = Job("sigterm", sig_command, out, gpu_env)
+    for job in (*runs.values(), sig):
+        job.start()
+    # 2. SIGTERM to worker 1 once the first periodic checkpoint is saved.
+    preempt = {"signalled_after": f"ckpt-{args.save_steps}"}
+    if wait_for_line(sig, f"ckpt-{args.save_steps}", args.timeout):
+        sent = time.monotonic()
+        preempt["signalled"] = sig.signal_worker(1, signal.SIGTERM)
+        preempt["signal_to_complete_seconds"] = first_line_time(
+            sig, "preemption checkpoint complete:", sent, args.timeout)
+        sig.wait(args.timeout)
+        preempt["signal_to_exit_seconds"] = round(time.monotonic() - sent, 2)
+    else:
+        sig.wait(args.timeout)
+    preempt["exit_code"] = sig.code
+    for job in runs.values():
+        job.wait(args.timeout)
+    results = {}
+    reference = (weights(os.path.join(out, "w1"))
+                 if runs["1 worker"].code == 0 else None)
+    for name, job in runs.items():
+        row = row_of(job)
+        run_dir = os.path.join(out, job.name)
+        if job.code == 0 and reference is not None:
             row.update(compare(reference, weights(run_dir)))
         results[name] = row
         print(json.dumps({name: row}), flush=True)
-    # 3. SIGTERM to worker 1, then the rerun.
-    run_dir = os.path.join(out, "preempted")
-    command = launched(2, job(args, run_dir, steps, batch, configs["still"],
-                              flags), "mwms")
-    row = signalled_run(command, run_dir + "-1.log", run_dir,
-                        args.signal_step, args.timeout)
-    code, seconds = run(command, run_dir + "-2.log", args.timeout)
-    row["rerun_exit_code"] = code
-    if code == 0 and runs["2 workers, gRPC"][0][0] == 0:
-        row.update(compare(weights(runs["2 workers, gRPC"][1]),
-                           weights(run_dir)))
-    results["sigterm"] = row
-    print(json.dumps({"sigterm": row}), flush=True)
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    lines = ["| check | result |", "|---|---|"]
+    # The rerun resumes and must end where the uninterrupted run ended.
+    rerun = Job("sigterm-rerun", sig_command, out, gpu_env).start()
+    rerun.wait(args.timeout)
+    preempt["rerun_exit_code"] = rerun.code
+    preempt["placement"] = sig.placement()
+    if rerun.code == 0 and runs["2 workers, gRPC"].code == 0:
+        preempt.update(compare(weights(os.path.join(out, "grpc2")),
+                               weights(sig_dir)))
+    results["SIGTERM to worker 1, resumed"] = preempt
+    print(json.dumps({"sigterm": preempt}), flush=True)
+    # 3. Alone, timed: --deterministic against not.
+    timed = {}
+    for name, extra in (("without --deterministic", []),
+                        ("--deterministic", ["--deterministic"])):
+        run_dir = os.path.join(out, "timed" + ("-det" if extra else ""))
+        job = Job(os.path.basename(run_dir), job_command(
+            args, run_dir, args.timed_steps, configs["base"],
+            [*extra, f"--iterations_per_loop={args.log_steps}"]), out)
+        job.start().wait(args.timeout)
+        row = row_of(job)
+        steady = [v for s, v in sorted(job.intervals().items())
+                  if s > args.log_steps]
+        if steady:
+            rate = sum(v[1] for v in steady) / len(steady)
+            row.update(examples_per_second=round(rate, 1),
+                       step_ms=round(args.batch * 1000 / rate, 2))
+        timed[name] = row
+        results[f"1 worker, {name}"] = row
+        print(json.dumps({name: row}), flush=True)
+    rates = [timed[n].get("examples_per_second") for n in timed]
+    if all(rates):
+        results["deterministic step / step"] = round(rates[0] / rates[1], 3)
+    return results
+
+
+def write_table(out: str, results: dict, title: str) -> str:
+    lines = [f"# {title}", "", "| check | result |", "|---|---|"]
     for name, row in results.items():
         if isinstance(row, dict):
             lines.append(f"| {name} | " + ", ".join(
                 f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                 for k, v in row.items()) + " |")
-    open(os.path.join(out, "table.md"), "w").write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        elif name != "tiny":
+            lines.append(f"| {name} | {row} |")
+    table = "\n".join(lines) + "\n"
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    return table
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--tiny", action="store_true",
+                        help="BERT-tiny, float32 and few steps (a CPU try "
+                             "of the script)")
+    parser.add_argument("--levers", action="store_true",
+                        help="BERT on one GPU instead: "
+                             "benchmarks/gpu_levers.py's run")
+    parser.add_argument("--batch", type=int, default=64,
+                        help="global batch of every run (default: 64)")
+    parser.add_argument("--steps", type=int, default=120,
+                        help="steps of the 1-vs-2-worker runs")
+    parser.add_argument("--save_steps", type=int, default=20,
+                        help="their checkpoint interval (the SIGTERM goes "
+                             "after the first)")
+    parser.add_argument("--timed_steps", type=int, default=300,
+                        help="steps of each timed run")
+    parser.add_argument("--log_steps", type=int, default=50,
+                        help="the timed runs' log interval")
+    parser.add_argument("--records", default=None)
+    parser.add_argument("--timeout", type=float, default=420)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out = os.path.abspath(args.output_dir)
+    os.makedirs(out, exist_ok=True)
+    args.records = args.records or os.path.join(out, "records")
+    if args.levers:
+        from benchmarks import gpu_levers
+        return gpu_levers.main(args, out)
+    args.precision = [] if args.tiny else ["--precision=mixed_bfloat16"]
+    if args.tiny:
+        args.batch, args.steps, args.save_steps = 16, 24, 8
+        args.timed_steps, args.log_steps = 24, 8
+    results = {"tiny": args.tiny, **multi_worker(args, out)}
+    print(write_table(out, results, "The multi-worker GPU step"
+                      + (" (--tiny, CPU)" if args.tiny else "")))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

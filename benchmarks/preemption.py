@@ -12,6 +12,17 @@ saved preemption checkpoint. With no bound, a signal waits for the call in
 flight: up to steps-per-call steps. A last run per steps-per-call without a
 signal gives the step time (summary.json), which turns seconds into steps.
 Output: report.md and results.json in --output_dir.
+
+    python -m benchmarks.preemption --output_dir runs/preemption --phases
+
+`--phases`: SIGTERM to the launcher (which passes it to every worker, as a
+scheduler does) in each phase of a run, the time from the signal to the
+line of the complete checkpoint and to the launcher's exit: in the first
+call (at the start banner: restoring, tracing, compiling), in training (at
+1,000 steps a call, the default 2 s bound), in the evaluation at the end
+(`--do_eval`, once the final checkpoint is saved). The first call's own
+length (banner to the first interval) is measured beside it. Output:
+phases.md and phases.json in --output_dir.
 """
 
 import argparse
@@ -97,6 +108,94 @@ def preempted_run(command, signal_after: float, marker: str) -> dict:
     return result
 
 
+def phase_run(command, phase: str, marker: str, signal_after: float) -> dict:
+    """Runs `command` (a `launch.local` command line), SIGTERM to the
+    launcher when `phase` begins: "first_call" at the start banner,
+    "training" `signal_after` s after it, "evaluation" 1 s after the final
+    checkpoint's line (`marker`). Times the signal to the complete
+    checkpoint's line and to the launcher's exit."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    sent, lines, stamps = [], [], {}
+
+    def send():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            sent.append(time.monotonic())
+
+    def later(seconds):
+        timer = threading.Timer(seconds, send)
+        timer.daemon = True
+        timer.start()
+
+    for line in proc.stdout:
+        lines.append(line)
+        now = time.monotonic()
+        if "calls: up to" in line and "banner" not in stamps:
+            stamps["banner"] = now
+            if phase == "first_call":
+                send()
+            elif phase == "training":
+                later(signal_after)
+        if re.search(r"step \d+: loss", line) and "first" not in stamps:
+            stamps["first"] = now
+        if phase == "evaluation" and marker in line and not sent:
+            later(1.0)
+        if "preemption checkpoint complete:" in line and "saved" not in stamps:
+            stamps["saved"] = now
+    code = proc.wait()
+    ended = time.monotonic()
+    row = {"phase": phase, "exit_code": code, "signalled": bool(sent),
+           "abort_lines": sum("StartAbort" in line or "have crashed" in line
+                              for line in lines)}
+    if sent:
+        row["signal_to_exit_seconds"] = ended - sent[0]
+        if "saved" in stamps:
+            row["signal_to_complete_seconds"] = stamps["saved"] - sent[0]
+    else:
+        row["tail"] = "".join(lines[-15:])
+    if "banner" in stamps and "first" in stamps:
+        row["first_call_seconds"] = stamps["first"] - stamps["banner"]
+    return row
+
+
+def phases(args, root: str, pattern: str) -> None:
+    """--phases: one run per phase; phases.md and phases.json."""
+    corpus = os.path.join(root, "corpus")
+    rows = []
+    for phase in ("first_call", "training", "evaluation"):
+        out = os.path.join(root, f"phase-{phase}")
+        subprocess.run(["rm", "-rf", out], check=True)
+        steps = 40 if phase == "evaluation" else args.steps
+        extra = (["--do_eval", "--eval_batch_size=8",
+                  "--max_eval_steps=100000"] if phase == "evaluation" else [])
+        command = launch_command(
+            pattern, corpus, out, workers=args.workers, backend=args.backend,
+            steps=steps, per_call=1000, bound=2, extra=extra)
+        row = phase_run(command, phase, f"ckpt-{steps}", args.signal_after)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    with open(os.path.join(root, "phases.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    lines = [f"# SIGTERM in each phase: {args.workers} worker(s), "
+             f"{args.backend}, BERT-tiny (seq 64, batch 32), 1,000 steps a "
+             "call, 2 s bound", "",
+             "| phase | exit code | signal -> checkpoint complete (s) | "
+             "signal -> every worker gone (s) | first call (s) |",
+             "|---|---:|---:|---:|---:|"]
+    for row in rows:
+        complete = row.get("signal_to_complete_seconds")
+        lines.append(
+            f"| {row['phase']} | {row['exit_code']} | "
+            f"{'-' if complete is None else f'{complete:.1f}'} | "
+            f"{row.get('signal_to_exit_seconds', float('nan')):.1f} | "
+            f"{row.get('first_call_seconds', float('nan')):.1f} |")
+    report = "\n".join(lines) + "\n"
+    with open(os.path.join(root, "phases.md"), "w") as f:
+        f.write(report)
+    print(report)
+
+
 def step_seconds(command) -> float:
     """The steady step time of an uninterrupted run (its summary.json)."""
     out = command[command.index("--") + 1:]
@@ -121,10 +220,16 @@ def main():
     parser.add_argument("--signal_after", type=float, default=20.0)
     parser.add_argument("--step_time_steps", type=int, default=200,
                         help="steps of the run that measures the step time")
+    parser.add_argument("--phases", action="store_true",
+                        help="SIGTERM in each phase of a run instead (see "
+                             "the module docstring)")
     args = parser.parse_args()
     root = os.path.abspath(args.output_dir)
     os.makedirs(root, exist_ok=True)
     pattern = make_records(root)
+    if args.phases:
+        phases(args, root, pattern)
+        return
     corpus = os.path.join(root, "corpus")
     results = []
     for per_call in [int(v) for v in args.steps_per_call.split(",")]:

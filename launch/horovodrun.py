@@ -24,6 +24,7 @@ import sys
 from typing import List, Sequence, Tuple
 
 from launch import local, mpi_ranks, workers
+from tfscale.cluster.contract import seconds_problem
 
 # horovodrun options tfscale-run refuses, with what to use instead.
 _REFUSED = {
@@ -269,8 +270,10 @@ def parse_args(argv: Sequence[str]):
         parser.error("pass -H or --hostfile, not both")
     if args.max_restarts < 0:
         parser.error("--max-restarts must be >= 0")
-    if args.start_timeout is not None and args.start_timeout <= 0:
-        parser.error("--start-timeout must be > 0")
+    problem = seconds_problem("start_timeout", args.start_timeout,
+                              "--start-timeout")
+    if problem:
+        parser.error(problem)
     if args.gpus_per_worker is not None and args.gpus_per_worker < 0:
         parser.error("--gpus-per-worker must be >= 0")
     return args

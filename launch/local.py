@@ -37,7 +37,9 @@ from typing import List, Mapping, Optional, Sequence
 
 from launch import children, gpus, mpi_ranks, ports, workers
 from tfscale.cluster.contract import (CONFIG_ERROR_EXIT_CODE,
-                                      PREEMPTED_EXIT_CODE)
+                                      PREEMPTED_EXIT_CODE,
+                                      PREEMPTED_UNSAVED_EXIT_CODE,
+                                      seconds_problem)
 
 
 def worker_specs(command: Sequence[str], num_workers: int,
@@ -125,6 +127,10 @@ class LaunchConfig:
         if self.backend not in ("mwms", "mpi"):
             raise ValueError(f"--backend must be mwms or mpi, got "
                              f"{self.backend!r}")
+        for name in ("grace_seconds", "failure_grace_seconds"):
+            problem = seconds_problem(name, getattr(self, name), f"--{name}")
+            if problem:
+                raise ValueError(problem)
 
 
 def run(command: Sequence[str], num_workers: int, *,
@@ -270,14 +276,7 @@ def _supervise(config: LaunchConfig, start, interrupted, out) -> int:
                 break
             time.sleep(workers.POLL_SECONDS)
         if interrupted:
-            sig = interrupted[0]
-            _say(out, f"{signal.Signals(sig).name}: passing it to all "
-                      f"workers (grace {config.grace_seconds:g} s)")
-            killed = group.stop(config.grace_seconds, sig=sig)
-            if killed:
-                _say_killed(out, killed, config.grace_seconds)
-                return 128 + int(signal.SIGKILL)
-            return 128 + int(sig)
+            return _pass_on(config, group, interrupted, out)
         if failure is None:
             group.stop(config.grace_seconds)
             return 0
@@ -289,13 +288,19 @@ def _supervise(config: LaunchConfig, start, interrupted, out) -> int:
                       "; stopping the other workers, no restart")
             group.stop(config.failure_grace_seconds, sig=signal.SIGTERM)
             return code
+        if code == PREEMPTED_UNSAVED_EXIT_CODE:
+            _say(out, f"{who} was preempted with no checkpoint directory "
+                      f"(exit {code}): nothing was saved, a restart would "
+                      "start over; stopping the other workers, no restart")
+            group.stop(config.grace_seconds, sig=None)
+            return code
         if code == PREEMPTED_EXIT_CODE:
             # The others are saving the same checkpoint: let them finish.
             _say(out, f"{who} was preempted (exit {code}, checkpoint "
                       "saved); waiting for the others")
             killed = group.stop(config.grace_seconds, sig=None)
-            if killed:
-                _say_killed(out, killed, config.grace_seconds)
+            if killed and not _said_complete(out, group, killed,
+                                             config.grace_seconds):
                 code = -int(signal.SIGKILL)
         else:
             # The others cannot finish a step without it; SIGTERM first
@@ -310,6 +315,42 @@ def _supervise(config: LaunchConfig, start, interrupted, out) -> int:
                       f"starting {config.num_workers} workers again (cause: "
                       f"{who} {children.describe_exit(code)})")
     return children.shell_code(code)
+
+
+def _pass_on(config: LaunchConfig, group, interrupted: list, out) -> int:
+    """A signal reached the launcher: every worker gets it and the grace;
+    a second one SIGKILLs them at once. The launcher's exit code."""
+    sig = interrupted[0]
+    _say(out, f"{signal.Signals(sig).name}: passing it to all workers "
+              f"(grace {config.grace_seconds:g} s; a second one stops them "
+              "at once)")
+    killed = group.stop(config.grace_seconds, sig=sig,
+                        hurry=lambda: len(interrupted) > 1)
+    if killed and len(interrupted) > 1:
+        _say(out, f"a second {signal.Signals(interrupted[1]).name}: "
+                  "SIGKILLed every worker at once")
+        return 128 + int(sig)
+    if killed and not _said_complete(out, group, killed,
+                                     config.grace_seconds):
+        return 128 + int(signal.SIGKILL)
+    return 128 + int(sig)
+
+
+def _said_complete(out, group, killed, grace_seconds: float) -> bool:
+    """After the grace ran out on `killed`: whether a worker said its
+    preemption checkpoint was complete and its files are whole on disk
+    (`workers.reported_checkpoint`): then the run is resumable and the
+    line says so; else the line says it may be missing."""
+    saved = workers.reported_checkpoint(group)
+    who = ("the MPI ranks" if killed == [None] else
+           ", ".join(f"worker {i}" for i in killed))
+    if saved is None:
+        _say_killed(out, killed, grace_seconds)
+        return False
+    _say(out, f"the grace of {grace_seconds:g} s ran out: SIGKILLed {who} "
+              f"on its way out; the checkpoint {saved} is complete on disk "
+              "(every file of it is there): resumable")
+    return True
 
 
 def _say_killed(out, killed, grace_seconds: float) -> None:

@@ -120,6 +120,7 @@ class MpiGroup:
         self._lock = threading.Lock()
         self._mpirun_text = []
         self.last_lines = {}  # rank -> its error line (workers.remember)
+        self.checkpoints = []  # preemption checkpoints said complete
         # rank -> the host of an MPI peer it lost (Open MPI's "peer process
         # has unexpectedly disconnected ... Peer host: H"; None when Open MPI
         # said only "Socket closed"): that rank is a victim, though it may
@@ -141,6 +142,7 @@ class MpiGroup:
                 workers.remember(self.last_lines, int(tagged.group(1)),
                           tagged.group(2))
                 rank, text = int(tagged.group(1)), tagged.group(2)
+                workers.note_checkpoint(self.checkpoints, text)
                 peer = _PEER_HOST.match(text)
                 if peer:
                     self.lost_peer[rank] = peer.group(1)
@@ -194,14 +196,13 @@ class MpiGroup:
         except ProcessLookupError:
             pass
 
-    def stop(self, grace_seconds: float, sig=signal.SIGTERM) -> list:
+    def stop(self, grace_seconds: float, sig=signal.SIGTERM,
+             hurry=None) -> list:
         """As `workers.ProcessGroup.stop`; the ranks are one process group
         (mpirun's): [None] when it was still running at the grace's end."""
         if sig is not None:
             self.signal_all(sig)
-        deadline = time.monotonic() + grace_seconds
-        while time.monotonic() < deadline and not self.all_done():
-            time.sleep(workers.POLL_SECONDS)
+        workers.wait_out_grace(grace_seconds, self.all_done, hurry)
         killed = []
         if not self.all_done():
             killed = [None]

@@ -4,11 +4,15 @@
 worker index; it reports the worker that failed first (in time, not by
 index), signals all of them and stops them with a grace period. Each
 worker's last error line is kept (`remember`) so that the launcher can say
-why an attempt ended (`last_words`). `mpi_ranks.MpiGroup` offers the same
+why an attempt ended (`last_words`), and so is the preemption checkpoint a
+worker says is complete (`reported_checkpoint`), so that a worker killed
+after the grace can be told from a lost checkpoint by the checkpoint's
+files (`checkpoint_complete`). `mpi_ranks.MpiGroup` offers the same
 interface for the ranks of one `mpirun`.
 """
 
 import dataclasses
+import glob
 import os
 import re
 import signal
@@ -18,6 +22,7 @@ import time
 from typing import List, Mapping, Optional, Sequence
 
 from launch import children
+from tfscale.cluster.contract import CHECKPOINT_COMPLETE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +57,7 @@ class ProcessGroup:
         self._out = out
         self._lock = threading.Lock()
         self.last_lines = {}  # worker index -> its error line (remember)
+        self.checkpoints = []  # preemption checkpoints said complete
         self._exit_order = []  # worker indexes as their processes ended
         self.procs = []
         self._threads = []
@@ -78,6 +84,7 @@ class ProcessGroup:
         for raw in iter(proc.stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             remember(self.last_lines, index, line)
+            note_checkpoint(self.checkpoints, line)
             with self._lock:
                 self._out.write(f"[worker {index}] {line}\n")
                 self._out.flush()
@@ -109,11 +116,13 @@ class ProcessGroup:
                 except ProcessLookupError:
                     pass
 
-    def stop(self, grace_seconds: float, sig=signal.SIGTERM) -> list:
+    def stop(self, grace_seconds: float, sig=signal.SIGTERM,
+             hurry=None) -> list:
         """Signals every live worker, then kills what is left after grace.
 
         With `sig=None` the workers are not signalled first (they are
         finishing by themselves, e.g. saving a preemption checkpoint).
+        `hurry()` True (a second Ctrl-C) ends the grace at once.
 
         Returns:
             The indexes of the workers still running when the grace ran
@@ -121,9 +130,7 @@ class ProcessGroup:
         """
         if sig is not None:
             self.signal_all(sig)
-        deadline = time.monotonic() + grace_seconds
-        while time.monotonic() < deadline and not self.all_done():
-            time.sleep(POLL_SECONDS)
+        wait_out_grace(grace_seconds, self.all_done, hurry)
         killed = [i for i, proc in enumerate(self.procs)
                   if proc.poll() is None]
         self.signal_all(signal.SIGKILL)
@@ -139,6 +146,47 @@ class ProcessGroup:
 # "tfscale: worker 1 failed: ...".
 ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b(: |$)|"
                          r"^\S+: error: |^tfscale: .* failed: ")
+
+
+def wait_out_grace(grace_seconds: float, done, hurry=None) -> None:
+    """Returns when `done()`, when `grace_seconds` have passed, or when
+    `hurry()` says so."""
+    deadline = time.monotonic() + grace_seconds
+    while (time.monotonic() < deadline and not done()
+           and not (hurry is not None and hurry())):
+        time.sleep(POLL_SECONDS)
+
+
+def note_checkpoint(checkpoints: list, line: str) -> None:
+    """Keeps the path of a preemption checkpoint a worker's line says is
+    complete (`contract.CHECKPOINT_COMPLETE PATH (step N, ...)`)."""
+    where = line.find(CHECKPOINT_COMPLETE)
+    if where >= 0:
+        rest = line[where + len(CHECKPOINT_COMPLETE):].split()
+        if rest:
+            checkpoints.append(rest[0])
+
+
+def checkpoint_complete(prefix: str) -> bool:
+    """Whether the TensorFlow checkpoint `prefix` is whole on disk: its
+    index (written last) and every data shard it names
+    (`PREFIX.data-0000i-of-0000N`)."""
+    if not os.path.exists(prefix + ".index"):
+        return False
+    shards = glob.glob(glob.escape(prefix) + ".data-*-of-*")
+    if not shards:
+        return False
+    expected = int(shards[0].rsplit("-of-", 1)[1])
+    return len(shards) == expected
+
+
+def reported_checkpoint(group) -> Optional[str]:
+    """The last preemption checkpoint a worker of `group` said complete,
+    if its files are whole on disk; else None."""
+    for prefix in reversed(getattr(group, "checkpoints", [])):
+        if checkpoint_complete(prefix):
+            return prefix
+    return None
 
 
 def remember(last_lines: dict, index: int, line: str) -> None:

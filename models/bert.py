@@ -12,13 +12,20 @@ GELU, layer norm and the bias gradients are `models/elementwise.py`'s (one
 XLA fusion each way, float32-accumulated bias gradients). Variable paths
 contain `layer_norm` and `bias` where BERT's recipe excludes them from
 weight decay.
+
+`scatter_free` (the jobs' `--deterministic`): the embeddings, the masked-LM
+head's gather and the loss take `models/gathers.py`'s forms, whose gradients
+hold no scatter (deterministic XLA on a GPU runs a scatter as a loop); the
+same values, the same variables.
 """
+
+import functools
 
 import keras
 import tensorflow as tf
 from keras import layers, ops
 
-from models import elementwise
+from models import elementwise, gathers
 from models.bert_config import BertConfig
 
 
@@ -68,6 +75,24 @@ class LayerNorm(layers.LayerNormalization):
             ops.convert_to_tensor(self.gamma),
             ops.convert_to_tensor(self.beta), self.epsilon)
         return outputs
+
+
+class Embedding(layers.Embedding):
+    """Keras's `Embedding` (the same variable); `scatter_free`: the table's
+    gradient is a one-hot matmul (`gathers.take_rows`), not a scatter."""
+
+    def __init__(self, *args, scatter_free=False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scatter_free = scatter_free
+
+    def call(self, inputs):
+        if not self.scatter_free:
+            return super().call(inputs)
+        # (A tensor, not the variable: the custom gradient is the
+        # table's read's.)
+        table = tf.identity(ops.convert_to_tensor(self.embeddings))
+        rows = gathers.take_rows(table, ops.cast(inputs, "int32"))
+        return ops.cast(rows, self.compute_dtype)
 
 
 def _activation(name):
@@ -178,24 +203,28 @@ class BertEncoder(keras.Model):
     its input for the backward pass and runs its forward again there
     (`recomputed`): activation memory of one layer instead of all, for
     about one more forward pass.
+
+    `scatter_free`: no gradient of the embeddings is a scatter (the word and
+    type tables' are one-hot matmuls, the positions' a slice's).
     """
 
     def __init__(self, config: BertConfig, recompute_activations=False,
-                 **kwargs):
+                 scatter_free=False, **kwargs):
         super().__init__(**kwargs)
         self.config = config
         self.recompute_activations = recompute_activations
+        self.scatter_free = scatter_free
         init = _init(config)
         hidden = config.hidden_size
-        self.word_embeddings = layers.Embedding(
+        self.word_embeddings = Embedding(
             config.vocab_size, hidden, embeddings_initializer=init,
-            name="word_embeddings")
+            name="word_embeddings", scatter_free=scatter_free)
         self.position_embeddings = layers.Embedding(
             config.max_position_embeddings, hidden,
             embeddings_initializer=init, name="position_embeddings")
-        self.type_embeddings = layers.Embedding(
+        self.type_embeddings = Embedding(
             config.type_vocab_size, hidden, embeddings_initializer=init,
-            name="type_embeddings")
+            name="type_embeddings", scatter_free=scatter_free)
         self.embedding_layer_norm = LayerNorm(name="embedding_layer_norm")
         self.embedding_dropout = Dropout(config.hidden_dropout_prob)
         for i in range(config.num_hidden_layers):
@@ -212,9 +241,17 @@ class BertEncoder(keras.Model):
     def call(self, inputs, training=False):
         input_ids = inputs["input_ids"]
         length = ops.shape(input_ids)[1]
-        positions = ops.expand_dims(ops.arange(length), 0)
-        x = (self.word_embeddings(input_ids) +
-             self.position_embeddings(positions) +
+        if self.scatter_free:
+            # The first `length` rows: a slice, whose gradient is a pad.
+            table = self.position_embeddings
+            if not table.built:
+                table.build((1, length))
+            positions = ops.cast(ops.expand_dims(table.embeddings[:length], 0),
+                                 table.compute_dtype)
+        else:
+            positions = self.position_embeddings(
+                ops.expand_dims(ops.arange(length), 0))
+        x = (self.word_embeddings(input_ids) + positions +
              self.type_embeddings(inputs["segment_ids"]))
         x = self.embedding_dropout(self.embedding_layer_norm(x),
                                    training=training)
@@ -249,16 +286,19 @@ def recomputed(layer, x, mask_bias):
 
 
 class BertPretrainer(keras.Model):
-    """`BertEncoder` with the masked-LM (tied embeddings) and NSP heads."""
+    """`BertEncoder` with the masked-LM (tied embeddings) and NSP heads
+    (`scatter_free`: the encoder's, and the masked positions picked by
+    `gathers.take_positions`)."""
 
     def __init__(self, config: BertConfig, recompute_activations=False,
-                 **kwargs):
+                 scatter_free=False, **kwargs):
         super().__init__(**kwargs)
         self.config = config
+        self.scatter_free = scatter_free
         init = _init(config)
         self.encoder = BertEncoder(
             config, recompute_activations=recompute_activations,
-            name="encoder")
+            scatter_free=scatter_free, name="encoder")
         self.mlm_transform = Dense(
             config.hidden_size, activation=_activation(config.hidden_act),
             kernel_initializer=init, name="mlm_transform")
@@ -276,8 +316,10 @@ class BertPretrainer(keras.Model):
     def call(self, inputs, training=False):
         x, pooled = self.encoder(inputs, training=training)
         nsp_logits = ops.cast(self.nsp(pooled), "float32")
-        gathered = ops.take_along_axis(
-            x, ops.expand_dims(inputs["masked_lm_positions"], -1), axis=1)
+        positions = inputs["masked_lm_positions"]
+        gathered = (gathers.take_positions(x, ops.cast(positions, "int32"))
+                    if self.scatter_free else ops.take_along_axis(
+                        x, ops.expand_dims(positions, -1), axis=1))
         transformed = self.mlm_layer_norm(self.mlm_transform(gathered))
         embeddings = ops.cast(self.encoder.word_embeddings.embeddings,
                               transformed.dtype)
@@ -298,9 +340,10 @@ def make_encoder(config: BertConfig, max_seq_length: int = 128) -> BertEncoder:
 
 def make_pretrainer(config: BertConfig, max_seq_length: int,
                     max_predictions_per_seq: int,
-                    recompute_activations: bool = False) -> BertPretrainer:
+                    recompute_activations: bool = False,
+                    scatter_free: bool = False) -> BertPretrainer:
     """Builds the model (variables created) for the given record shape
-    (`recompute_activations`: see `BertEncoder`).
+    (`recompute_activations`, `scatter_free`: see `BertEncoder`).
 
     Call under `strategy.scope()`.
     """
@@ -309,7 +352,7 @@ def make_pretrainer(config: BertConfig, max_seq_length: int,
             f"max_seq_length {max_seq_length} exceeds the model's "
             f"max_position_embeddings {config.max_position_embeddings}")
     model = BertPretrainer(config, recompute_activations=recompute_activations,
-                           name="bert_pretrainer")
+                           scatter_free=scatter_free, name="bert_pretrainer")
     dummy = _dummy_inputs(max_seq_length)
     dummy["masked_lm_positions"] = ops.zeros((1, max_predictions_per_seq),
                                              "int32")
@@ -317,21 +360,32 @@ def make_pretrainer(config: BertConfig, max_seq_length: int,
     return model
 
 
-def pretraining_loss(labels, outputs):
+def pretraining_loss(labels, outputs, scatter_free=False):
     """Per-example loss: weighted masked-LM cross-entropy + NSP.
 
     The MLM term of each example is the mean over its real predictions
     (masked_lm_weights); the Trainer averages examples over the global batch.
+    `scatter_free`: the cross-entropies as `gathers.sparse_cross_entropy`
+    (the same values; under op determinism TensorFlow's own is a gather
+    whose gradient is a scatter).
     """
+    cross_entropy = (gathers.sparse_cross_entropy if scatter_free else
+                     functools.partial(
+                         keras.losses.sparse_categorical_crossentropy,
+                         from_logits=True))
     weights = ops.cast(labels["masked_lm_weights"], "float32")
-    mlm = keras.losses.sparse_categorical_crossentropy(
-        labels["masked_lm_ids"], outputs["mlm_logits"], from_logits=True)
+    mlm = cross_entropy(labels["masked_lm_ids"], outputs["mlm_logits"])
     mlm = ops.sum(mlm * weights, axis=-1) / ops.maximum(
         ops.sum(weights, axis=-1), 1.0)
-    nsp = keras.losses.sparse_categorical_crossentropy(
-        ops.reshape(labels["next_sentence_labels"], (-1,)),
-        outputs["nsp_logits"], from_logits=True)
+    nsp = cross_entropy(ops.reshape(labels["next_sentence_labels"], (-1,)),
+                        outputs["nsp_logits"])
     return mlm + nsp
+
+
+def make_pretraining_loss(scatter_free: bool = False):
+    """The loss a `BertPretrainer` made with `scatter_free` trains with."""
+    return (functools.partial(pretraining_loss, scatter_free=True)
+            if scatter_free else pretraining_loss)
 
 
 class MaskedLMAccuracy(keras.metrics.Mean):

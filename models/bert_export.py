@@ -24,12 +24,23 @@ ENCODER_FILE = "encoder.weights.h5"
 
 
 def export(model: bert.BertPretrainer, output_dir: str) -> str:
-    """Writes `model` (and its encoder) to `output_dir`; returns the dir."""
+    """Writes `model` (and its encoder) to `output_dir`; returns the dir.
+
+    Each file is written beside its name and renamed into place: a process
+    killed mid-export (a scheduler's SIGKILL) leaves every file whole, the
+    old one or the new."""
     os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, CONFIG_FILE), "w") as f:
+    temporary = f".tmp-{os.getpid()}"
+    config_path = os.path.join(output_dir, CONFIG_FILE)
+    with open(config_path + temporary, "w") as f:
         json.dump(model.config.to_dict(), f, indent=2)
-    model.save_weights(os.path.join(output_dir, PRETRAINER_FILE))
-    model.encoder.save_weights(os.path.join(output_dir, ENCODER_FILE))
+    os.replace(config_path + temporary, config_path)
+    for layer, name in ((model, PRETRAINER_FILE),
+                        (model.encoder, ENCODER_FILE)):
+        # (Keras wants the name to end in .weights.h5.)
+        staged = os.path.join(output_dir, temporary[1:] + "." + name)
+        layer.save_weights(staged)
+        os.replace(staged, os.path.join(output_dir, name))
     return output_dir
 
 

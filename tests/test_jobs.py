@@ -104,7 +104,9 @@ def test_a_task_of_ones_own_trains_resumes_and_evaluates(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.startswith("toy_job\n  workers 1 (single), replicas 1, "
                               "global batch 16 = 8 per replica x 1 x 2 "
-                              "accumulation"), printed
+                              "accumulation\n  placement: 1 replica on "
+                              "CPU:0, variables on CPU:0 (worker 0 sees no "
+                              "GPU)\n"), printed
     assert "  model toy: 0.00M parameters" in printed
     assert "optimizer sgd, lr 0.1 (constant, warmup 0, scaling none), 4 " \
         "steps" in printed
@@ -140,6 +142,31 @@ def test_evaluating_only_without_a_checkpoint_names_the_flag(tmp_path):
     with pytest.raises(jobs.JobError, match=r"^--do_train: evaluating only "
                        r"needs a checkpoint in --output_dir: no checkpoint"):
         jobs.run(Toy(toy_config(tmp_path, do_train=False)))
+
+
+def test_a_job_whose_variables_miss_the_gpu_it_sees_stops_in_one_line(
+        tmp_path, monkeypatch):
+    """A worker that sees a GPU (listed as CUDA would) but whose variables
+    land on the CPU (soft placement on this CPU machine) stops before its
+    first step with a line naming the variable; not restartable."""
+    fake = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    listed = tf.config.get_visible_devices
+    monkeypatch.setattr(tf.config, "get_visible_devices",
+                        lambda kind=None: [fake] if kind == "GPU"
+                        else listed(kind))
+    configured = tf.config.get_logical_device_configuration
+    monkeypatch.setattr(tf.config, "get_logical_device_configuration",
+                        lambda d: None if d == fake else configured(d))
+    config = toy_config(tmp_path)
+    config = dataclasses.replace(config, train=dataclasses.replace(
+        config.train, jit_compile=False, compile_update=False))
+    with pytest.raises(jobs.JobError) as raised:
+        jobs.run(Toy(config))
+    assert raised.value.restartable is False
+    assert raised.value.line().startswith(
+        "worker 0 sees 1 GPU (GPU:0) and its replicas are on GPU:0, but "
+        "variable toy/dense")
+    assert not os.path.exists(os.path.join(config.output_dir, "summary.json"))
 
 
 def test_the_config_names_the_field_at_fault(tmp_path):

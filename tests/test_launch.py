@@ -210,7 +210,7 @@ def test_ctrl_c_stops_all_workers_and_leaves_a_restorable_checkpoint(tmp_path):
     assert processes_mentioning(str(tmp_path)) == []
     # Both workers save the step they agree on (not just the last periodic
     # save), then stop with KeyboardInterrupt.
-    saved = re.findall(r"interrupted \(SIGINT\): saved step (\d+)", output)
+    saved = re.findall(r"interrupted \(SIGINT\) at step (\d+): saved", output)
     assert len(saved) == 1, output[-3000:]  # the chief's log line
     latest = tf.train.latest_checkpoint(str(ckpt))
     reader = tf.train.load_checkpoint(latest)
@@ -422,7 +422,7 @@ def test_after_a_failure_the_others_get_sigterm_and_time_to_finish_a_write(
     script = (
         "import os, signal, sys, time\n"
         "if os.environ['TFSCALE_WORKER_INDEX'] == '1':\n"
-        "    time.sleep(1); sys.exit(3)\n"
+        "    time.sleep(1); sys.exit(5)\n"
         "def finish(*_):\n"
         "    time.sleep(1.5)  # the rest of a write\n"
         f"    open({str(done)!r}, 'w').write('whole'); sys.exit(143)\n"
@@ -432,8 +432,8 @@ def test_after_a_failure_the_others_get_sigterm_and_time_to_finish_a_write(
         [sys.executable, "-m", "launch.local", "--num_workers", "2",
          "--failure_grace_seconds", "10", "--", sys.executable, "-c",
          script], timeout=60)
-    assert code == 3, output
-    assert "worker 1 failed (exit code 3)" in output
+    assert code == 5, output
+    assert "worker 1 failed (exit code 5)" in output
     assert done.read_text() == "whole"
 
 

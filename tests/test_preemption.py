@@ -135,7 +135,8 @@ def test_sigterm_mid_call_saves_within_a_few_steps_and_resumes_exactly(
     # The call in flight (~15 steps of 20 ms at 0.3 s; while calls grow up
     # to twice a measured one), one step to tell every worker, the save.
     assert before < step <= before + 35, (before, step, output[-3000:])
-    assert "preempted (SIGTERM/SIGUSR1): saved step" in output
+    assert "preempted (SIGTERM): saved step" in output or \
+        "preempted (SIGUSR1): saved step" in output, output[-3000:]
     assert time.monotonic() - signalled < 60  # leaving, not training on
     # No worker reports a collective it lost: a clean preemption is quiet.
     assert "StartAbort" not in output and "have crashed" not in output, \

@@ -8,7 +8,15 @@ flag (the jobs' entry points and `tfscale/jobs.py` use it), so no caller
 reads the message to guess the field.
 """
 
+import os
 import re
+import sys
+from typing import Optional
+
+# The exit code of an uncaught ConfigError: `tfscale.cluster.contract`'s
+# CONFIG_ERROR_EXIT_CODE, which launchers do not restart (this module sits
+# below the cluster package; tests/test_cli.py checks the two agree).
+CONFIG_ERROR_EXIT_CODE = 2
 
 # Config fields whose flag has another name (every job names them alike).
 FLAG_OF_FIELD = {"global_batch_size": "train_batch_size",
@@ -38,16 +46,74 @@ def flag_message(message: str, flags_defined, renamed=None) -> str:
 class ConfigError(ValueError):
     """A setting that cannot work.
 
+    Left uncaught, it ends the process with `CONFIG_ERROR_EXIT_CODE` (2),
+    the code launchers do not restart (another attempt would fail alike),
+    not Python's 1: its first construction installs `exits_2_uncaught`.
+
     Attributes:
-        field: The config field at fault.
+        field: The config field at fault (None: no one field).
     """
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: Optional[str], message: str):
         self.field = field
         super().__init__(message)
+        exits_2_uncaught()
+
+
+_MARK = "_tfscale_setting_errors"
+
+
+def exits_2_uncaught() -> None:
+    """Makes an uncaught `ConfigError` end the process with exit code 2
+    after Python's traceback and a line; other errors are left to the hook
+    before. (Not in an interactive session; installed once.)"""
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return
+    if getattr(sys.excepthook, _MARK, False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        if not issubclass(kind, ConfigError):
+            return previous(kind, value, traceback)
+        previous(kind, value, traceback)
+        sys.stderr.write(f"tfscale: error: {value} (a setting: exit "
+                         f"{CONFIG_ERROR_EXIT_CODE}, not restarted)\n")
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(CONFIG_ERROR_EXIT_CODE)
+
+    setattr(hook, _MARK, True)
+    sys.excepthook = hook
 
 
 class MissingExtra(ImportError):
     """An optional module is not installed; the message names the module,
     its extra and the pip command, in one line (the entry points print it
     so, with no traceback)."""
+
+
+class CollectiveMisuse(ConfigError):
+    """A collective called on some workers only (`evaluate()` on the chief
+    alone): the program's error, which a restart would repeat, in one line
+    naming the workers that did not come."""
+
+    def __init__(self, message: str):
+        super().__init__(None, message)
+
+    @classmethod
+    def of(cls, what: str, worker: int, missing: dict,
+           seconds: float) -> "CollectiveMisuse":
+        """The error of a rendezvous for `what` on `worker` that found
+        `missing` ({worker index: what it reached instead, or None: did not
+        come within `seconds`})."""
+        said = []
+        for index, instead in sorted(missing.items()):
+            said.append(f"worker {index} " + (
+                f"reached {instead} instead" if instead else
+                f"did not call it within {seconds:g} s (or left)"))
+        return cls(f"{what} is a collective, as fit is: call it on every "
+                   f"worker (on worker {worker}: {'; '.join(said)})")

@@ -27,6 +27,7 @@ def before(task, info, trainer, built, xla=None, xla_why="") -> str:
     return "\n".join([
         task.title, *("  " + note for note in task.config.notes),
         workers_line(info, trainer),
+        f"  {trainer.placement.describe()}",
         numerics_line(trainer.config, task.config.cluster, xla_why),
         f"  step: {trainer.step_layout}",
         calls_line(trainer.config),

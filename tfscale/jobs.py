@@ -34,6 +34,7 @@ from tfscale.resume import checkpoints as checkpointing
 from tfscale.cluster import environment as cluster_lib
 from tfscale.cluster import strategies
 from tfscale.cluster import collectives
+from tfscale.cluster import devices, placement
 from tfscale import job_lines
 from tfscale import xla_flags
 from tfscale import precision as precision_lib
@@ -43,6 +44,7 @@ from tfscale.optim import OptimConfig, make_optimizer
 from tfscale.trainer.timing import IntervalHistory
 from tfscale.train_config import TrainConfig
 from tfscale.trainer.loop import Trainer
+from tfscale.resume.preemption import SignalWatch
 
 
 class JobError(Exception):
@@ -224,7 +226,7 @@ class Task:
 def _xla_decided(config: JobConfig) -> Tuple[JobConfig, str]:
     """(`config` with --xla's auto decided for this worker's devices, why:
     for the start banner)."""
-    on_gpus = bool(tf.config.list_physical_devices("GPU"))
+    on_gpus = bool(devices.visible_gpus())
     jit, why = xla_flags.choose(config.train.jit_compile, on_gpus)
     return dataclasses.replace(
         config, train=dataclasses.replace(config.train,
@@ -245,7 +247,8 @@ def run(task: Task) -> dict:
     Raises:
         JobError: Bad inputs, files, checkpoint or cluster setup, in one
             line naming the setting.
-        Preempted: SIGTERM; the agreed step is saved (exit code 143).
+        Preempted: SIGTERM (or SIGUSR1) in any phase: the agreed step is
+            on disk (exit code 143).
     """
     task.check_files()
     task.config, xla_why = _xla_decided(task.config)
@@ -275,8 +278,33 @@ def run(task: Task) -> dict:
         print(job_lines.before(task, info, trainer, built, xla, xla_why),
               flush=True)
 
+    # A signal in any phase (training, evaluation, before the exports) is
+    # acted on at the next point every worker agrees on (`preemption.py`).
+    with SignalWatch() as watch:
+        results = _train_and_evaluate(task, trainer, info, built.model,
+                                      speaks)
+        # The run's end is on disk: a signal by now leaves the exports to
+        # the restart, which trains nothing more.
+        trainer.leave_if_preempted(watch)
+        if info.is_chief:
+            task.finish(results, built.model)
+            write_atomically(os.path.join(config.output_dir, "summary.json"),
+                             json.dumps(results, indent=2))
+            if speaks:
+                print(job_lines.after(task.title, results, task.unit),
+                      flush=True)
+        # Exit together, once the chief's files are written.
+        trainer.leave_together()
+    return results
+
+
+def _train_and_evaluate(task: Task, trainer: Trainer, info, model,
+                        speaks: bool) -> dict:
+    """The job's training (from its initial weights or latest checkpoint)
+    and evaluation: the results summary.json holds."""
+    config = task.config
     start = time.perf_counter()
-    initial = _initial_weights(task, trainer, built.model)
+    initial = _initial_weights(task, trainer, model)
     if initial and speaks:
         print(f"tfscale: model weights from {initial}", flush=True)
     intervals = IntervalHistory()
@@ -295,16 +323,16 @@ def run(task: Task) -> dict:
             results["eval"] = trainer.evaluate(
                 task.dataset_fn(max(1, config.eval_batch_size // replicas),
                                 False), steps=config.max_eval_steps)
-    if info.is_chief:
-        task.finish(results, built.model)
-        with open(os.path.join(config.output_dir, "summary.json"), "w") as f:
-            json.dump(results, f, indent=2)
-        if speaks:
-            print(job_lines.after(task.title, results, task.unit),
-                  flush=True)
-    # Exit together, once the chief's files are written.
-    trainer.leave_together()
     return results
+
+
+def write_atomically(path: str, text: str) -> None:
+    """`path` holds `text` whole, or what it held before: a kill never
+    leaves half a file (written beside it, then renamed over it)."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as f:
+        f.write(text)
+    os.replace(temporary, path)
 
 
 def _initial_weights(task: Task, trainer: Trainer, model) -> Optional[str]:
@@ -340,7 +368,9 @@ def start_worker(cluster: ClusterConfig, *, output_dir: str, precision: str,
     determinism and the dtype policy set (before the first TF op).
 
     Raises:
-        JobError: The cluster setup is wrong (named by `ClusterError`).
+        JobError: The cluster setup is wrong (named by `ClusterError`;
+            restartable when it says so), or the strategy's replicas are not on the GPUs
+            the worker sees (`placement.PlacementError`; not restartable).
     """
     try:
         info = cluster_lib.resolve_cluster(
@@ -352,8 +382,11 @@ def start_worker(cluster: ClusterConfig, *, output_dir: str, precision: str,
         precision_lib.set_precision(precision)
         return info, strategies.make_strategy(info, cluster)
     except cluster_lib.ClusterError as e:
-        # (A port still held, a peer not up: the next attempt may start.)
-        raise JobError(None, str(e), restartable=True) from None
+        # A port still held may be free at the next attempt; a malformed
+        # cluster (TF_CONFIG, MPI ranks without --backend=mpi) is not.
+        raise JobError(None, str(e), restartable=e.restartable) from None
+    except placement.PlacementError as e:  # another attempt would repeat it
+        raise JobError(None, str(e)) from None
 
 
 def make_trainer(*, model, optimizer, loss_fn, strategy, metrics,
@@ -440,7 +473,6 @@ def fit(trainer: Trainer, dataset_fn, steps: int, output_dir: str,
 def device_kind(strategy) -> dict:
     """{"kind": "gpu" or "cpu", "name": the device's} of this worker's
     replicas (tfscale-plan warns when a CPU run is projected onto GPUs)."""
-    from tfscale.cluster import devices
     first = devices.worker_devices(strategy)[0]
     if "GPU" not in first.upper():
         import platform

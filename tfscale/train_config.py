@@ -4,7 +4,7 @@ checkpoints, logging). Frozen and validated on construction."""
 import dataclasses
 from typing import Optional
 
-from tfscale.cluster import devices
+from tfscale.cluster import contract, devices
 from tfscale import precision as precision_lib
 from tfscale import xla_flags
 from tfscale.errors import ConfigError
@@ -57,6 +57,15 @@ class TrainConfig:
             boundary and within about `max_call_seconds`; batch callbacks
             run once per call, as in Keras; a preemption signal is acted on
             at the end of the call in flight.
+        steps_per_launch: K > 1: K optimizer steps in one XLA program (a
+            loop of static trip count K over K steps' batches, taken,
+            checked and stacked before the launch): the host launches
+            once per K steps, not once per step. Needs the step to be one
+            XLA program (one replica alone, `jit_compile`, the update
+            compiled). A call runs whole launches (flags, the call bound
+            and batch checks hold per launch; logs, the noise scale and
+            checkpoints see every step); steps left over before a log or
+            checkpoint boundary run one at a time. 1: one step a launch.
         max_call_seconds: The bound on one call's wall time, so that a
             signal (SIGTERM, SIGUSR1) or `stop_training` is acted on within
             about this many seconds plus a step and the save at any
@@ -100,6 +109,7 @@ class TrainConfig:
     max_checkpoints_to_keep: int = 5
     log_steps: int = 100
     steps_per_execution: int = 1
+    steps_per_launch: int = 1
     max_call_seconds: Optional[float] = 2.0
     timed_steps_per_log: int = 4
     verbose: int = 2
@@ -132,11 +142,13 @@ class TrainConfig:
         if self.steps_per_execution < 1:
             raise ValueError("steps_per_execution must be >= 1, got "
                              f"{self.steps_per_execution}")
-        if self.max_call_seconds is not None and not (
-                self.max_call_seconds >= 0):
-            raise ConfigError("max_call_seconds", "max_call_seconds must be "
-                              f">= 0 (0: no bound), got "
-                              f"{self.max_call_seconds}")
+        if self.steps_per_launch < 1:
+            raise ConfigError("steps_per_launch", "steps_per_launch must be "
+                              f">= 1, got {self.steps_per_launch}")
+        problem = contract.seconds_problem("max_call_seconds",
+                                           self.max_call_seconds)
+        if problem:
+            raise ConfigError("max_call_seconds", problem)
         if self.timed_steps_per_log < 0:
             raise ValueError("timed_steps_per_log must be >= 0")
 

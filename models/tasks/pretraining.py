@@ -108,11 +108,15 @@ class Pretraining(RecordsTask):
     def build(self) -> jobs.Built:
         config = self.config
         with jobs.blame("max_seq_length", ValueError):
+            # --deterministic: a step with no scatter (XLA on a GPU runs a
+            # deterministic scatter as a loop; `models/gathers.py`).
             model = bert.make_pretrainer(
                 config.model, config.spec.max_seq_length,
                 config.spec.max_predictions_per_seq,
-                recompute_activations=config.recompute_activations)
-        return jobs.Built(model, bert.pretraining_loss,
+                recompute_activations=config.recompute_activations,
+                scatter_free=config.deterministic)
+        return jobs.Built(model,
+                          bert.make_pretraining_loss(config.deterministic),
                           bert.pretraining_metrics())
 
     def dataset_fn(self, per_replica_batch, training):

@@ -3,8 +3,10 @@
     environment.py   TF_CONFIG, SLURM and MPI's variables -> ClusterConfig,
                      ClusterInfo (the only reader of the cluster environment)
     strategies.py    the tf.distribute strategy for a resolved cluster
-    devices.py       the devices a strategy's replicas sit on (TensorFlow's
-                     default strategy too)
+    devices.py       the GPUs this process sees; the devices a strategy's
+                     replicas sit on (TensorFlow's default strategy too)
+    placement.py     replicas and variables checked against those GPUs
+                     before the first step; the banner's placement line
     collectives.py   how workers sum and agree: one object per backend
     mpi.py           the MPI backend (mpi4py's Allreduce)
     fail_fast.py     one failed worker ends the job at once

@@ -13,6 +13,12 @@ workers only through this interface:
                             `zero/optimizer.py`'s sharded optimizer state)
     agree(value)            on the host: the sum over workers of one float
                             (flags); every worker must call it
+    rendezvous(what, seconds)
+                            on the host: returns once every worker has
+                            called it for the same `what`; refuses in one
+                            line (`errors.CollectiveMisuse`) when one has not
+                            within `seconds` (e.g. `evaluate()` called on
+                            the chief alone)
     barrier()               on the host: returns when every worker called it
     leave_together()        the last call before the process exits: returns
                             when no worker needs this one any more
@@ -33,6 +39,7 @@ Two implementations:
     strategy per process, gradients summed with `MPI.Allreduce`.
 """
 
+import atexit
 from typing import Optional
 
 import tensorflow as tf
@@ -40,6 +47,7 @@ from absl import logging
 
 from tfscale import _compat
 from tfscale.cluster.strategies import chief_and_worker_count, worker_index
+from tfscale.errors import CollectiveMisuse
 
 BACKENDS = ("mwms", "mpi")
 
@@ -68,6 +76,11 @@ class StrategyCollectives:
         timeout = getattr(self._options, "timeout_seconds", None)
         self._timeout_ms = int(1000 * (timeout or _NO_TIMEOUT_SECONDS))
         self._barriers = 0
+        self._rendezvous = 0
+        if self.num_workers > 1:
+            # A script that ends while a peer waits in a rendezvous (the
+            # chief's lone `evaluate()`) says so at once.
+            atexit.register(self._announce_end)
 
     def all_reduce(self, values):
         return tf.distribute.get_replica_context().all_reduce(
@@ -97,6 +110,48 @@ class StrategyCollectives:
             return tf.distribute.get_replica_context().all_reduce(
                 tf.distribute.ReduceOp.SUM, tf.identity(value))
         return self.strategy.run(replica_fn)
+
+    def rendezvous(self, what: str, seconds: float) -> None:
+        """Every worker has called `rendezvous(what, ...)` as its n-th
+        rendezvous, or `CollectiveMisuse` (through the coordination
+        service's key-value store: no collective that a worker doing
+        something else would meet)."""
+        if self.num_workers == 1:
+            return
+        service = _compat.coordination_service()
+        if service is None:
+            return
+        self._rendezvous += 1
+        key = f"tfscale/rendezvous/{self._rendezvous}"
+        service.set_config_key_value(f"{key}/{self.worker_index}", what)
+        missing = {}
+        for index in range(self.num_workers):
+            if index == self.worker_index:
+                continue
+            try:
+                theirs = service.get_config_key_value(f"{key}/{index}",
+                                                      int(seconds * 1000))
+            except tf.errors.OpError:
+                missing[index] = None
+                continue
+            if theirs != what:
+                missing[index] = theirs
+        if missing:
+            raise CollectiveMisuse.of(what, self.worker_index, missing,
+                                      seconds)
+
+    def _announce_end(self) -> None:
+        """At a normal exit: the next rendezvous slot says the program
+        ended (peers waiting there learn it at once)."""
+        service = _compat.coordination_service()
+        if service is None:
+            return
+        try:
+            service.set_config_key_value(
+                f"tfscale/rendezvous/{self._rendezvous + 1}/"
+                f"{self.worker_index}", "the end of its program")
+        except tf.errors.OpError:
+            pass
 
     def broadcast_from_chief(self, variables) -> None:
         """Nothing to do: the strategy synchronized them when created."""
@@ -139,6 +194,9 @@ class StrategyCollectives:
         """
         if self.num_workers == 1:
             return
+        # A worker still inside a collective of its own (`evaluate()` on
+        # the chief alone) learns at once that this one is leaving.
+        self.rendezvous("leave_together()", self._timeout_ms / 1000)
         self.barrier()
         service = _compat.coordination_service()
         if service is None:

@@ -19,6 +19,9 @@ import os
 import sys
 from typing import Mapping, Optional, Sequence
 
+from tfscale.cluster import contract
+from tfscale.errors import ConfigError
+
 _CHIEF = "chief"
 _WORKER = "worker"
 _ALL_REDUCE_ALGS = ("auto", "ring", "nccl")
@@ -26,7 +29,18 @@ _BACKENDS = ("mwms", "mpi")
 
 
 class ClusterError(ValueError):
-    """The environment describes an invalid cluster."""
+    """The environment describes an invalid cluster.
+
+    Attributes:
+        restartable: Whether another attempt may succeed (a port still
+            held by a worker that just exited); False for what a restart
+            would meet again (a malformed TF_CONFIG, MPI ranks started
+            without --backend=mpi).
+    """
+
+    def __init__(self, message: str, *, restartable: bool = False):
+        super().__init__(message)
+        self.restartable = restartable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +82,11 @@ class ClusterConfig:
         if self.bytes_per_pack < 0:
             raise ValueError(
                 f"bytes_per_pack must be >= 0, got {self.bytes_per_pack}")
-        if (self.collective_timeout_seconds is not None
-                and self.collective_timeout_seconds <= 0):
-            raise ValueError("collective_timeout_seconds must be > 0 or None")
-        if self.connect_timeout_seconds <= 0:
-            raise ValueError("connect_timeout_seconds must be > 0")
+        for field in ("collective_timeout_seconds",
+                      "connect_timeout_seconds"):
+            problem = contract.seconds_problem(field, getattr(self, field))
+            if problem:
+                raise ConfigError(field, problem)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,8 +230,10 @@ def environment_seconds(name: str,
     except ValueError:
         raise ClusterError(f"{name} is not a number of seconds: "
                            f"{text!r}") from None
-    if value < 0:
-        raise ClusterError(f"{name} must be >= 0, got {text}")
+    if not 0 <= value <= 7 * contract.DAY_SECONDS:  # (nan and inf too)
+        raise ClusterError(f"{name} must be between 0 and "
+                           f"{7 * contract.DAY_SECONDS:g} seconds (0: none), "
+                           f"got {text}")
     return value or None
 
 

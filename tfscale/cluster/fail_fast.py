@@ -28,7 +28,9 @@ import os
 import re
 import sys
 
-from tfscale.cluster.contract import PREEMPTED_EXIT_CODE
+from tfscale.cluster.contract import (CONFIG_ERROR_EXIT_CODE,
+                                      PREEMPTED_EXIT_CODE)
+from tfscale.errors import ConfigError
 
 # Marks the hook this module installed, so installing twice is a no-op.
 _MARK = "_tfscale_fail_fast"
@@ -103,7 +105,10 @@ def install(who: str, abort=None) -> None:
         lost = f" (lost peer: {', '.join(peers)})" if peers else ""
         sys.stderr.write(f"tfscale: {who} failed: {error_line(kind, value)}"
                          f"{lost}; ending the job\n")
-        end(1, abort)
+        # A setting a restart would meet again: the code launchers do not
+        # restart.
+        end(CONFIG_ERROR_EXIT_CODE if issubclass(kind, ConfigError) else 1,
+            abort)
 
     setattr(hook, _MARK, True)
     sys.excepthook = hook

@@ -31,6 +31,7 @@ from absl import logging
 
 from tfscale.cluster import devices
 from tfscale.cluster import environment as cluster
+from tfscale.errors import CollectiveMisuse
 
 _INSTALL_HINT = ("the MPI backend needs mpi4py and an MPI library: "
                  "pip install '.[mpi]' in tfscale's checkout (or mpi4py "
@@ -54,15 +55,30 @@ def local_rank(comm=None) -> int:
     return comm.Split_type(MPI.COMM_TYPE_SHARED).rank
 
 
-def make_strategy():
+def make_strategy(gpus=None):
     """The single-replica strategy of one MPI rank: the GPU of its local rank
-    (ranks on a host take turns over its GPUs), else the CPU."""
-    gpus = tf.config.list_logical_devices("GPU")
-    if gpus:
-        device = gpus[local_rank() % len(gpus)].name
-    else:
-        device = "/cpu:0"
+    among `gpus` (default: the GPUs it sees, `devices.visible_gpus`; ranks
+    on a host take turns over them), else the CPU."""
+    gpus = devices.visible_gpus() if gpus is None else gpus
+    device = gpus[local_rank() % len(gpus)] if gpus else "/cpu:0"
     return tf.distribute.OneDeviceStrategy(device)
+
+
+# MPI tags of `MpiCollectives.rendezvous` (the collectives use none).
+_RENDEZVOUS_TAG = 7000
+
+
+def _poll(request, deadline: float):
+    """The message of a receive request, or None (cancelled) once
+    `deadline` (time.monotonic()) passes."""
+    while True:
+        done, message = request.test()
+        if done:
+            return message
+        if time.monotonic() > deadline:
+            request.Cancel()
+            return None
+        time.sleep(0.01)
 
 
 class MpiCollectives:
@@ -105,6 +121,8 @@ class MpiCollectives:
         self.is_chief = self.worker_index == 0
         self.num_replicas = self.comm.size
         self.bucket_bytes = bucket_bytes
+        self._rendezvous = 0
+        self._timeout_seconds = timeout_seconds
         self._watchdog = (Watchdog(self.comm, timeout_seconds)
                           if timeout_seconds and self.num_workers > 1
                           else None)
@@ -232,9 +250,46 @@ class MpiCollectives:
     def barrier(self) -> None:
         self.comm.Barrier()
 
+    def rendezvous(self, what: str, seconds: float) -> None:
+        """Every rank has called `rendezvous(what, ...)` as its n-th, or
+        `errors.CollectiveMisuse`: point-to-point messages on a tag of
+        their own (rank 0 hears every rank, then answers each), polled
+        until `seconds` pass, so a rank doing something else is never
+        matched into it."""
+        if self.num_workers == 1:
+            return
+        self._rendezvous += 1
+        tag = _RENDEZVOUS_TAG + self._rendezvous % 1000
+        deadline = time.monotonic() + seconds
+        if self.worker_index != 0:
+            self.comm.send(what, dest=0, tag=tag)
+            verdict = _poll(self.comm.irecv(source=0, tag=tag), deadline)
+            if verdict is None:
+                raise CollectiveMisuse.of(what, self.worker_index, {0: None},
+                                          seconds)
+            if verdict:
+                raise CollectiveMisuse.of(what, self.worker_index, verdict,
+                                          seconds)
+            return
+        missing = {}
+        for rank in range(1, self.num_workers):
+            theirs = _poll(self.comm.irecv(source=rank, tag=tag), deadline)
+            if theirs != what:
+                missing[rank] = theirs
+        for rank in range(1, self.num_workers):
+            if rank not in missing or missing[rank] is not None:
+                self.comm.send(missing, dest=rank, tag=tag)
+        if missing:
+            raise CollectiveMisuse.of(what, 0, missing, seconds)
+
     def leave_together(self) -> None:
         """A barrier: `MPI_Finalize`, which every rank calls on its way out
-        (`tfscale.cli.leave`), completes whatever communication is still pending."""
+        (`tfscale.cli.leave`), completes whatever communication is still pending.
+        A rendezvous first: a rank still in a collective of its own learns
+        that this one is leaving."""
+        if self.num_workers > 1:
+            self.rendezvous("leave_together()",
+                            self._timeout_seconds or 24 * 3600.0)
         self.barrier()
 
     def broadcast_from_chief(self, variables) -> None:

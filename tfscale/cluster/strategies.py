@@ -11,31 +11,37 @@ import socket
 import subprocess
 import sys
 
-from tfscale.cluster import mpi
+from tfscale.cluster import mpi, placement
+from tfscale.cluster.devices import visible_gpus
 from tfscale.cluster.environment import ClusterConfig, ClusterError, ClusterInfo
 
 
 def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
-    """Builds the strategy for this process.
+    """Builds the strategy for this process, its replicas on the GPUs it
+    sees (`devices.visible_gpus`), checked there (`placement.check`).
 
     Args:
         info: Where this process sits (from `resolve_cluster`).
         config: Communication settings.
-        devices: Single-worker only: devices to mirror over (default: all
-            local GPUs, else the CPU).
+        devices: Single-worker only: devices to mirror over (default: every
+            GPU this process sees, else the CPU).
 
     Returns:
-        Backend "mpi": this rank's single-replica strategy (its local GPU or
-        the CPU). Otherwise a `MultiWorkerMirroredStrategy` when there is
-        more than one worker, else a `MirroredStrategy` over the local
-        devices.
+        Backend "mpi": this rank's single-replica strategy (a GPU it sees,
+        by its local rank, or the CPU). Otherwise a
+        `MultiWorkerMirroredStrategy` when there is more than one worker
+        (each worker's replicas on every GPU it sees), else a
+        `MirroredStrategy` over the local devices.
 
     Raises:
         ClusterError: This worker's port is already in use; MPI's rank or
             size disagrees with the environment.
+        placement.PlacementError: The worker sees a GPU and its replicas
+            are not on one.
     """
     import tensorflow as tf
 
+    gpus = visible_gpus()
     if config.backend == "mpi":
         comm = mpi.import_mpi().COMM_WORLD
         if (comm.rank, comm.size) != (info.worker_index, info.num_workers):
@@ -43,26 +49,43 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
                 f"MPI says rank {comm.rank} of {comm.size}, the environment "
                 f"rank {info.worker_index} of {info.num_workers}: is mpi4py "
                 "built against the MPI that started this process?")
-        return mpi.make_strategy()
+        strategy = mpi.make_strategy(gpus)
+        placement.check(strategy, worker=f"rank {info.worker_index}",
+                        gpus=gpus)
+        return strategy
     if info.num_workers == 1:
-        if devices is None:
-            gpus = tf.config.list_logical_devices("GPU")
-            devices = [d.name for d in gpus] or ["/cpu:0"]
-        return tf.distribute.MirroredStrategy(devices)
+        strategy = tf.distribute.MirroredStrategy(
+            list(devices or gpus or ["/cpu:0"]))
+        placement.check(strategy, worker="worker 0", gpus=gpus)
+        return strategy
 
     check_own_port(info)
     options = communication_options(config)
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(dict(info.cluster)), task_type=info.task_type,
-        task_id=info.task_index, rpc_layer="grpc")
     with StartupWatchdog(info, config.connect_timeout_seconds):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver, communication_options=options)
+            cluster_resolver=multi_worker_resolver(info, gpus),
+            communication_options=options)
+        # Before any collective: a worker on the wrong devices says so
+        # (its peers, waiting in the first collective, end with it).
+        placement.check(strategy, worker=f"worker {info.worker_index}",
+                        gpus=gpus)
         # The first collective proves every peer is up and reachable.
         tf.function(lambda: strategy.reduce(
             tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)),
             axis=None), autograph=False)()
     return strategy
+
+
+def multi_worker_resolver(info: ClusterInfo, gpus):
+    """The cluster resolver of a MultiWorkerMirroredStrategy worker that sees
+    `gpus`: TensorFlow puts its replicas on `num_accelerators()` GPUs, and
+    on the CPU where that is empty, as a resolver built without it is
+    (`placement.py`)."""
+    import tensorflow as tf
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(dict(info.cluster)), task_type=info.task_type,
+        task_id=info.task_index, rpc_layer="grpc",
+        num_accelerators=placement.num_accelerators(gpus))
 
 
 def check_own_port(info: ClusterInfo) -> None:
@@ -80,7 +103,7 @@ def check_own_port(info: ClusterInfo) -> None:
     except OSError as e:
         raise ClusterError(
             f"worker {info.worker_index}: cannot listen on {info.address} "
-            f"({e.strerror or e})") from None
+            f"({e.strerror or e})", restartable=True) from None
     finally:
         probe.close()
 

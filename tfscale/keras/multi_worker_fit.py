@@ -21,6 +21,9 @@ it were alone. After `tfscale.enable_multi_worker_fit()`, a `fit` under MWMS:
   * commits `BackupAndRestore`'s backups atomically and durably
     (`_compat_callbacks.atomic_backup`; with one replica too);
   * prints progress on the chief only;
+  * refuses, in one line, a strategy whose replicas or variables are not
+    on the GPUs the worker sees (`tfscale/cluster/placement.py`; any
+    replica count);
   * makes an uncaught error on one worker end the job at once
     (`fail_fast.py`), instead of leaving its peers in a collective.
 
@@ -39,7 +42,7 @@ import tensorflow as tf
 
 from tfscale import _compat
 from tfscale.keras import callback_files
-from tfscale.cluster import fail_fast
+from tfscale.cluster import fail_fast, placement
 from tfscale.cluster.strategies import chief_and_worker_count, worker_index
 from tfscale.cluster.collectives import StrategyCollectives
 
@@ -65,6 +68,11 @@ def _multi_worker_fit(fit, model, *args, **kwargs):
     arguments.pop("self", None)
     # Any replica count: a backup killed mid-write never breaks a restart.
     callback_files.make_backups_atomic(arguments.get("callbacks") or [])
+    # Any strategy: a worker that sees a GPU trains on it, or stops here in
+    # one line (a strategy built on a resolver without num_accelerators
+    # would train on the CPU: `placement.py`).
+    placement.check(strategy, model.trainable_variables,
+                    worker=f"worker {worker_index(strategy)}")
     if strategy.num_replicas_in_sync == 1:
         return fit(model, *args, **kwargs)
     # Several replicas, on one worker or many: the gradient math.

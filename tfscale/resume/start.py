@@ -283,11 +283,24 @@ class Saver:
         self._sharded = sharded
         self._saved_step = None
         self.path: Optional[str] = None  # the latest checkpoint written
+        self.restored: Optional[str] = None  # the one the run resumed from
         self.report = None  # fn(line): says each save
 
-    def saved_at(self, step: int) -> None:
-        """A checkpoint of `step` exists (the one restored)."""
+    @property
+    def enabled(self) -> bool:
+        """Whether there is somewhere to save (a checkpoint directory)."""
+        return self._keeper is not None
+
+    def saved_at(self, step: int, path: Optional[str] = None) -> None:
+        """A checkpoint of `step` exists (`path`, the one restored)."""
         self._saved_step = step
+        self.restored = path
+
+    @property
+    def on_disk(self) -> Optional[str]:
+        """The checkpoint of the run's latest saved step: the last one
+        written, else the one restored."""
+        return self.path or self.restored
 
     def save(self) -> None:
         """The run at its step, unless that step is saved already (every

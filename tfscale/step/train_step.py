@@ -59,6 +59,7 @@ from tfscale.step.replica import ReplicaStep
 from tfscale.step.sharded_sync import ShardedSync
 from tfscale.step.plan import StepPlan
 from tfscale.step.row import RowLayout, StepsResult
+from tfscale.errors import ConfigError
 from tfscale.train_config import TrainConfig
 
 
@@ -95,8 +96,11 @@ class Layout:
                    fused=(one and alone and config.jit_compile
                           and config.compile_update))
 
-    def describe(self) -> str:
+    def describe(self, steps_per_launch: int = 1) -> str:
         """One line for the start banner."""
+        if self.fused and steps_per_launch > 1:
+            return (f"one XLA program per {steps_per_launch} steps (compute, "
+                    "update; the batches taken before the launch)")
         if self.fused:
             return "one XLA program per step (compute, update)"
         parts = [("compute in XLA" if self.compute_xla
@@ -148,6 +152,12 @@ class TrainStep:
         self.layout = Layout.of(
             config, len(devices.worker_devices(strategy)),
             collectives.num_replicas, sharded is not None)
+        if config.steps_per_launch > 1 and not self.layout.fused:
+            raise ConfigError(
+                "steps_per_launch", f"steps_per_launch "
+                f"{config.steps_per_launch} needs the step to be one XLA "
+                "program (one replica alone, jit_compile and the update "
+                f"compiled); this step: {self.layout.describe()}")
         self._batch_check = BatchCheck.of(config, collectives.num_replicas)
         self.replica = ReplicaStep(
             model=model, optimizer=optimizer, loss_fn=loss_fn,
@@ -213,6 +223,12 @@ class TrainStep:
         self._step_program = (program(self._fused_step, jit_compile=True)
                               if layout.fused else self._one_step)
         self._steps_program = program(self._steps)
+        # K > 1: K steps in one XLA program, the host launching once per K
+        # (the fused layout only: a collective cannot sit in XLA here).
+        self.steps_per_launch = self._config.steps_per_launch
+        self._launch_program = (program(self._fused_launch, jit_compile=True)
+                                if self.steps_per_launch > 1 else None)
+        self._launches_program = program(self._launches)
 
     # ---- cross replica (traced into the programs) -------------------------
 
@@ -277,6 +293,25 @@ class TrainStep:
             self._replica_reduce, args=(loss, grads, deltas, signals))
         return self._finish(control, grads)
 
+    def _fused_launch(self, stacked, signals):
+        """K whole steps of the job's only replica in one XLA program: a
+        loop of static trip count K (so a GPU runs it without reading its
+        condition back to the host) over `stacked`, the K steps'
+        micro-batches stacked on a new first axis. Returns the rows [K, C].
+        """
+        k = self.steps_per_launch
+        rows = tf.TensorArray(tf.float32, size=k,
+                              element_shape=[self.row.size])
+
+        def body(i, rows):
+            micro_batches = tf.nest.map_structure(lambda t: t[i], stacked)
+            return i + 1, rows.write(i, self._fused_step(micro_batches,
+                                                         signals))
+
+        _, rows = tf.while_loop(lambda i, _: i < k, body,
+                                (tf.constant(0), rows), maximum_iterations=k)
+        return rows.stack()
+
     def _one_step(self, micro_batches, signals):
         loss, grads, deltas = self._compute_program(micro_batches)
         if self._sharded_sync is not None or not self.layout.one_replica:
@@ -335,6 +370,46 @@ class TrainStep:
             raised = row[RowLayout.STOP] + row[RowLayout.PREEMPT] > 0.0
             limit = tf.where(raised, tf.constant(1), num_steps)
         _, rows = tf.while_loop(lambda i, rows: i < limit, one_step,
+                                (tf.constant(1), rows))
+        return rows.stack(), self._packed_metrics()
+
+    def _launches(self, iterator, signals, num_launches):
+        """Up to `num_launches` launches of K steps (`_fused_launch`), as
+        `_steps` runs single steps: each launch's K steps' batches are
+        taken (and checked) on the host side of the call and stacked
+        first; the first launch apart, whose first row's flags set the
+        call's length (one launch when raised). Returns (rows [launches x
+        K, C], metrics)."""
+        k = self.steps_per_launch
+        accumulation = self._config.num_accumulation_steps
+
+        def launch(i, rows):
+            steps = [self._take_batches(iterator, accumulation)
+                     for _ in range(k)]
+            checks = [check for micro_batches in steps
+                      for check in self._batch_check(self._strategy,
+                                                     micro_batches)]
+            # (The job's only replica: its values, stacked on the host.)
+            stacked = tf.nest.map_structure(
+                lambda *parts: tf.stack([self._local(p) for p in parts]),
+                *steps)
+            with tf.control_dependencies(checks):
+                block = self._launch_program(stacked, signals)
+            for j in range(k):
+                rows = rows.write(i * k + j, block[j])
+            return block, rows
+
+        def one_launch(i, rows):
+            _, rows = launch(i, rows)
+            return i + 1, rows
+
+        rows = tf.TensorArray(tf.float32, size=0, dynamic_size=True,
+                              element_shape=[self.row.size])
+        block, rows = launch(0, rows)
+        with tf.device("/cpu:0"):
+            raised = block[0][RowLayout.STOP] + block[0][RowLayout.PREEMPT] > 0
+            limit = tf.where(raised, tf.constant(1), num_launches)
+        _, rows = tf.while_loop(lambda i, rows: i < limit, one_launch,
                                 (tf.constant(1), rows))
         return rows.stack(), self._packed_metrics()
 
@@ -418,9 +493,17 @@ class TrainStep:
         self._batch_check.static(iterator.element_spec)
         if not part_by_part:
             timer.start()
+            # Whole launches of K steps where the call has K or more; the
+            # steps left over run in a later call, one at a time.
+            launches = (num_steps // self.steps_per_launch
+                        if self._launch_program is not None else 0)
             try:
-                rows, metrics = self._steps_program(iterator, signals,
-                                                    tf.constant(num_steps))
+                if launches:
+                    rows, metrics = self._launches_program(
+                        iterator, signals, tf.constant(launches))
+                else:
+                    rows, metrics = self._steps_program(
+                        iterator, signals, tf.constant(num_steps))
             except tf.errors.OpError as e:
                 batch_error = self._batch_check.error(e)
                 if batch_error is not None:
@@ -467,6 +550,25 @@ class TrainStep:
         return self._steps_program.get_concrete_function(
             iterator, tf.TensorSpec([RowLayout.SIGNALS], tf.float32),
             tf.constant(num_steps)).graph
+
+    def step_hlo(self, iterator) -> str:
+        """The HLO text of one step's XLA program (the fused layout: the
+        job's only replica with `jit_compile`), as TensorFlow hands it to
+        XLA, before XLA's own passes: what a GPU compiles, checked on any
+        machine (e.g. that a `--deterministic` step holds no scatter and
+        no loop). Reads one step's batches from `iterator`.
+
+        Raises:
+            ValueError: The step is not one XLA program.
+        """
+        if not self.layout.fused:
+            raise ValueError(f"the step is not one XLA program "
+                             f"({self.layout.describe()})")
+        micro_batches = self._take_batches(
+            iterator, self._config.num_accumulation_steps)
+        signals = tf.zeros([RowLayout.SIGNALS], tf.float32)
+        return self._step_program.experimental_get_compiler_ir(
+            micro_batches, signals)(stage="hlo")
 
     def metric_results_names(self) -> list:
         """The names of `metric_results()`, in its order."""

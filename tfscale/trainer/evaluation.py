@@ -6,9 +6,14 @@ batches: under a strategy the distributed iterator pads and agrees on the
 end; with one replica per process (MPI) each process reads its own shard,
 and a process whose input has ended runs the same collective with nothing
 (`EvalStep.run_empty`) until every process's has.
+
+A preemption signal (or Ctrl-C) is taken between batches: each batch's
+all-reduce carries this worker's flag, so all workers stop after the same
+batch and `evaluate` raises `Stopped` (the Trainer then saves and leaves as
+in training: `trainer/loop.py`).
 """
 
-from typing import Optional
+from typing import Callable, Optional
 
 import keras
 import tensorflow as tf
@@ -36,14 +41,26 @@ def evaluation_input(data, *, global_batch_size: int,
         per_replica_batch_size=per_replica_batch_size)
 
 
+class Stopped(Exception):
+    """Every worker stopped the evaluation after the same batch: one of
+    them was asked to (a preemption signal, Ctrl-C)."""
+
+
 def evaluate(eval_step: "EvalStep", dataset_fn, *, strategy, collectives,
-             steps: Optional[int] = None) -> dict:
+             steps: Optional[int] = None,
+             stop_requested: Optional[Callable[[], bool]] = None) -> dict:
     """Mean loss and metrics of `eval_step`'s model over `dataset_fn`
     (finite), at most `steps` global batches: {"loss": ...}; the metrics
     (reset by the caller) hold theirs.
 
+    Args:
+        stop_requested: `fn() -> bool`, this worker's wish to stop, sent
+            with each batch's all-reduce.
+
     Raises:
         InputPipelineError: The input pipeline failed.
+        Stopped: A worker asked to stop (`stop_requested`); every worker
+            raises it after the same batch.
     """
     if collectives.num_replicas > strategy.num_replicas_in_sync:
         # One replica per process (MPI): this process's shard; the
@@ -66,10 +83,14 @@ def evaluate(eval_step: "EvalStep", dataset_fn, *, strategy, collectives,
             except tf.errors.OpError as e:
                 raise InputPipelineError(
                     e.message.strip().splitlines()[0]) from e
-            totals = (eval_step.run(optional.get_value())
-                      if has_value else eval_step.run_empty())
-            total, n, had_batch = strategy.experimental_local_results(
+            wish = tf.constant(float(bool(stop_requested and
+                                          stop_requested())))
+            totals = (eval_step.run(optional.get_value(), wish)
+                      if has_value else eval_step.run_empty(wish))
+            total, n, had_batch, stop = strategy.experimental_local_results(
                 totals)[0].numpy()
+            if stop:
+                raise Stopped()
             if not had_batch:
                 break
             loss_sum += float(total)
@@ -85,9 +106,10 @@ def evaluate(eval_step: "EvalStep", dataset_fn, *, strategy, collectives,
 class EvalStep:
     """Compiled evaluation step: loss and metrics, all-reduced.
 
-    Returns the summed per-example loss, the example count and the number of
-    processes that had a batch, so the mean over a whole (possibly uneven)
-    evaluation set is exact. `run_empty` is the same collective for a
+    Returns the summed per-example loss, the example count, the number of
+    processes that had a batch (so the mean over a whole, possibly uneven,
+    evaluation set is exact) and the sum of their wishes to stop.
+    `run_empty` is the same collective for a
     process whose input has ended while others' has not (MPI backend).
     """
 
@@ -101,7 +123,7 @@ class EvalStep:
         self.run = tf.function(self._run, autograph=False)
         self.run_empty = tf.function(self._run_empty, autograph=False)
 
-    def _replica_step(self, batch):
+    def _replica_step(self, batch, wish):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         before = [tf.identity(v) for v in self._metric_variables]
         y_pred = self._model(x, training=False)
@@ -110,21 +132,21 @@ class EvalStep:
         for metric in self._metrics:
             metric.update_state(y, y_pred, sample_weight=sample_weight)
         deltas = [v - b for v, b in zip(self._metric_variables, before)]
-        return self._reduce(tf.reduce_sum(losses), count, 1.0, deltas)
+        return self._reduce(tf.reduce_sum(losses), count, 1.0, wish, deltas)
 
-    def _replica_empty(self):
+    def _replica_empty(self, wish):
         deltas = [tf.zeros_like(v) for v in self._metric_variables]
-        return self._reduce(0.0, 0.0, 0.0, deltas)
+        return self._reduce(0.0, 0.0, 0.0, wish, deltas)
 
-    def _reduce(self, total, count, has_batch, deltas):
+    def _reduce(self, total, count, has_batch, wish, deltas):
         values = [tf.stack([tf.cast(total, tf.float32), count,
-                            tf.constant(has_batch)])] + deltas
+                            tf.constant(has_batch), wish])] + deltas
         reduced = self._collectives.all_reduce(values)
         add_others(self._metric_variables, deltas, reduced[1:])
         return reduced[0]
 
-    def _run(self, batch):
-        return self._strategy.run(self._replica_step, args=(batch,))
+    def _run(self, batch, wish):
+        return self._strategy.run(self._replica_step, args=(batch, wish))
 
-    def _run_empty(self):
-        return self._strategy.run(self._replica_empty)
+    def _run_empty(self, wish):
+        return self._strategy.run(self._replica_empty, args=(wish,))

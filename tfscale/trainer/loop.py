@@ -34,6 +34,8 @@ from tfscale.keras import fit_arguments
 from tfscale.trainer import memory
 from tfscale.trainer import parts as trainer_parts
 from tfscale.keras.callbacks import continue_tensorboard_steps
+from tfscale.cluster.contract import CHECKPOINT_COMPLETE
+from tfscale.resume import preemption
 from tfscale.resume.preemption import Preempted, SignalWatch
 from tfscale.step.pace import CallPace
 from tfscale.trainer.reporting import IntervalReport
@@ -41,9 +43,8 @@ from tfscale.trainer.timing import StepTimer
 from tfscale.train_config import TrainConfig, resolve_auto
 
 
-# How long a preempted worker waits for its input's deletion before it
-# leaves with the others (within a scheduler's grace: docs/checkpoints.md).
-_PREEMPTED_DELETE_SECONDS = 10.0
+# How long `evaluate()` waits for every worker to call it.
+EVALUATE_MEET_SECONDS = 60.0
 
 
 class Trainer:
@@ -110,7 +111,10 @@ class Trainer:
         self._sharded = parts.sharded
         self._train_step = parts.train_step
         self._borrowed = lambda: trainer_parts.borrowed(model, self.optimizer)
-        self.step_layout = parts.train_step.layout.describe()  # in words
+        self.step_layout = parts.train_step.layout.describe(
+            config.steps_per_launch)  # in words
+        # Where this worker's replicas and variables are (checked).
+        self.placement = parts.placement
         self._adascale = parts.adascale
         self._eval_step = parts.eval_step
         self._fit_start = parts.fit_start
@@ -133,6 +137,8 @@ class Trainer:
         # where it starts, as Keras's fit does (the first fit of a process
         # counts from the run's start, so a resumed run ends where it would).
         self._fitted = False
+        # Steps were trained in this process (a preemption saves them).
+        self._trained = False
 
     @property
     def optimizer_state_bytes(self) -> int:
@@ -231,8 +237,12 @@ class Trainer:
             The `keras.callbacks.History` (epoch logs).
 
         Raises:
-            Preempted: A worker got SIGTERM; the checkpoint of the step all
-                workers agreed on is saved (a `SystemExit` with code 143).
+            Preempted: A worker got SIGTERM (or SIGUSR1), in training or
+                validation: the checkpoint of the step all workers agreed
+                on is on disk (a `SystemExit` with code 143; with no
+                checkpoint directory, code 3 and nothing saved). Before
+                the first call ends the process exits at once instead
+                (nothing trained to save: `preemption.py`).
             KeyboardInterrupt: Ctrl-C (SIGINT), after the same save.
             checkpointing.RestoreError: The checkpoint does not fit.
             InputPipelineError: The input pipeline failed.
@@ -288,6 +298,9 @@ class Trainer:
              initial_epoch):
         self.model.stop_training = False
         self._interval.start_fit()
+        # Until the first call ends (the restore, tracing, compiling), no
+        # step changes what is on disk: a signal ends the process at once.
+        watch.exit_at_once(self._nothing_trained_yet)
         start = self._fit_start.start(dataset_fn, callback_list,
                                       steps_per_epoch=steps_per_epoch,
                                       initial_epoch=initial_epoch)
@@ -295,7 +308,7 @@ class Trainer:
         if worker_dir:
             callback_files.route_backup_writes(callbacks, worker_dir)
         if start.restored:
-            self._saver.saved_at(start.step)
+            self._saver.saved_at(start.step, start.restored)
             self._log(f"resumed from {start.restored} at step {start.step}; "
                       f"input {start.input_line}")
         if self._noise_notice:
@@ -316,9 +329,28 @@ class Trainer:
             callback_list.on_epoch_end(epoch, logs)
             if self._agreed_stop():
                 break
+        watch.exit_at_once(None)  # (a fit with nothing left to train)
         self._saver.save()
         callback_list.on_train_end(logs)
+        if watch.requested:
+            # During the last call or the final save: the run's end is on
+            # disk; stop as asked (a restart trains nothing more).
+            self._leave_preempted(watch)
         return self.model.history
+
+    def _nothing_trained_yet(self, signal_name: str) -> tuple:
+        """(line, exit code) of a signal before the first call of a fit
+        ended: what is on disk is the run, nothing to save."""
+        saved = self._saver.enabled
+        code = (preemption.INTERRUPTED_EXIT_CODE if signal_name == "SIGINT"
+                else preemption.PREEMPTED_EXIT_CODE if saved
+                else preemption.PREEMPTED_UNSAVED_EXIT_CODE)
+        since = (self._saver.on_disk or "the run's start") if saved else (
+            "the start: no checkpoint directory, nothing to resume from")
+        return (f"tfscale: worker {self.worker_index}: {signal_name} before "
+                f"step {self.position.steps_taken + 1}'s call ended "
+                "(restoring, tracing, compiling): nothing trained since "
+                f"{since}; exiting at once with code {code}", code)
 
     def evaluate(self, x=None, y=None, batch_size: Optional[int] = None,
                  steps: Optional[int] = None, sample_weight=None) -> dict:
@@ -330,18 +362,47 @@ class Trainer:
             x: A finite `dataset_fn`, a `tf.data.Dataset` of global batches,
                 or arrays (with `y`, `sample_weight`, `batch_size`).
             steps: Limit on (global) batches.
+
+        Raises:
+            errors.CollectiveMisuse: A worker did not call it within
+                `EVALUATE_MEET_SECONDS` (60 s): call it on every worker.
+            Preempted: A preemption signal during it, as in `fit`.
         """
         dataset_fn = self._evaluation_input(
             x, batch_size=batch_size, y=y, sample_weight=sample_weight)
+        # A collective: refused in one line when a worker does not come
+        # (a Keras habit: `if is_chief: evaluate(...)`), instead of failing
+        # later in a collective another one never joins.
+        rendezvous = getattr(self.collectives, "rendezvous", None)
+        if rendezvous is not None:
+            rendezvous("evaluate()", EVALUATE_MEET_SECONDS)
         for metric in self.metrics:
             metric.reset_state()
-        with self._borrowed():
-            logs = evaluation.evaluate(
-                self._eval_step, dataset_fn, strategy=self.strategy,
-                collectives=self.collectives, steps=steps)
+        # A signal is taken between batches, agreed by all workers as in
+        # training (`evaluation.py`); a fit's watch is shared.
+        with SignalWatch() as watch, self._borrowed():
+            try:
+                logs = evaluation.evaluate(
+                    self._eval_step, dataset_fn, strategy=self.strategy,
+                    collectives=self.collectives, steps=steps,
+                    stop_requested=lambda: watch.requested)
+            except evaluation.Stopped:
+                self._leave_preempted(watch)
         logs.update({k: float(v) for k, v in
                      self._train_step.metric_results().items()})
         return logs
+
+    def leave_if_preempted(self, watch: SignalWatch) -> None:
+        """Between the phases of a job (after `fit` and `evaluate`, before
+        the chief's exports): when `watch` (a `SignalWatch` around them
+        all, `tfscale.jobs.run`) recorded a preemption signal or Ctrl-C on
+        any worker (a collective: every worker calls it), leaves as `fit`
+        does (`Preempted`; nothing new to save after a fit)."""
+        asked = float(watch.requested)
+        if self.num_workers > 1:
+            asked = self.collectives.agree(asked)
+        if asked:
+            self._leave_preempted(watch)
 
     # ---- the loop ------------------------------------------------------------
 
@@ -402,6 +463,7 @@ class Trainer:
                 self._adascale.advance(self.noise_scale.estimate(),
                                        skipped=bool(result.skipped))
         self.position.advance(result.steps)
+        self._trained = True
 
     def _after_call(self, result, step: int, watch) -> bool:
         """After a call's callbacks: preempted (saves, leaves together,
@@ -412,28 +474,56 @@ class Trainer:
             # No peer to agree with: act on the flags at once.
             stop, preempt = self.model.stop_training, watch.requested
         if preempt:
-            self._saver.save()
-            # The input's iterator deleted now, while every peer is alive
-            # (waiting below): TF 2.21's deletion can stall for seconds
-            # (step/feed.py), and a process that stalls at its exit after
-            # its peers left has its coordination service report them
-            # crashed ("StartAbort ... The tasks have crashed").
-            self._fit_start.end(self._replica_feed,
-                                wait_seconds=_PREEMPTED_DELETE_SECONDS)
-            self._replica_feed = None
-            # Exit together: an MPI launcher ends the job as soon as one
-            # rank exits, possibly before the chief's checkpoint is done.
-            self.leave_together()
-            if watch.interrupted:
-                self._log(f"interrupted (SIGINT): saved step {step}")
-                raise KeyboardInterrupt
-            self._log(f"preempted (SIGTERM/SIGUSR1): saved step {step}, "
-                      "exiting with code 143")
-            raise Preempted(step, self.checkpoint_path)
+            self._leave_preempted(watch)
         if (self.config.save_checkpoints_steps
                 and step % self.config.save_checkpoints_steps == 0):
             self._saver.save()
         return stop or self._adascale_finished()
+
+    def _leave_preempted(self, watch) -> None:
+        """Every worker at the same step (or evaluation batch): saves the
+        run there (nothing new when nothing was trained since the last
+        save), says so once the checkpoint is complete on disk, leaves
+        with the others and raises `Preempted` (KeyboardInterrupt for
+        Ctrl-C). Never returns."""
+        step = self.position.steps_taken
+        if self._trained:
+            self._saver.save()
+        saved = self._saver.enabled
+        path = self._saver.on_disk
+        if saved and self.is_chief:
+            if not preemption.checkpoint_on_disk(path):
+                raise RuntimeError(f"the checkpoint of step {step} is not "
+                                   f"on disk ({path}.index is missing)")
+            # Said at any verbosity: launchers read it (`contract.py`).
+            console.say(f"{CHECKPOINT_COMPLETE} {path} (step {step}, "
+                        f"{watch.signal_name})")
+        # The input's iterator is deleted in the background, not waited
+        # for (TF 2.21's deletion can take seconds: step/feed.py): the
+        # checkpoint is whole, and the entry points leave without
+        # TensorFlow's teardown (`tfscale.cli.leave`).
+        self._fit_start.end(self._replica_feed)
+        self._replica_feed = None
+        # Exit together: an MPI launcher ends the job as soon as one rank
+        # exits, and the chief's save is complete once all pass this.
+        self.leave_together()
+        if watch.interrupted:
+            console.say(f"interrupted (SIGINT) at step {step}"
+                        + (f": saved {path}" if saved and path else ""))
+            raise KeyboardInterrupt
+        if not saved:
+            if self.is_chief:
+                console.say(
+                    f"preempted ({watch.signal_name}) at step {step}: no "
+                    "checkpoint directory: nothing saved (set "
+                    "TrainConfig.checkpoint_dir); exiting with code "
+                    f"{preemption.PREEMPTED_UNSAVED_EXIT_CODE}")
+            raise Preempted(step, None, saved=False)
+        if self.is_chief:
+            console.say(f"preempted ({watch.signal_name}): saved step {step} "
+                        f"to {path}, exiting with code "
+                        f"{preemption.PREEMPTED_EXIT_CODE}")
+        raise Preempted(step, path)
 
     def _run_steps(self, feed, first: int, most: int, watch):
         """The next call of the compiled step: one or more optimizer steps
@@ -449,6 +539,9 @@ class Trainer:
         started = time.perf_counter()
         result = self._train_step.run(first, count, feed.iterator, signals,
                                       self.timer, part_by_part)
+        # The first call has ended: from here a signal is acted on at the
+        # next call's first step, with a save.
+        watch.exit_at_once(None)
         if not part_by_part:
             self._pace.observe(result.steps, time.perf_counter() - started)
         self._pace.agree(result.pace)

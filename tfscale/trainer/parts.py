@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from tfscale import _compat
 from tfscale.cluster import collectives as collectives_lib
-from tfscale.cluster import devices, environment
+from tfscale.cluster import devices, environment, placement
 from tfscale.errors import ConfigError
 from tfscale.trainer import evaluation
 from tfscale.cluster import fail_fast
@@ -51,6 +51,7 @@ class Parts:
     fit_start: resume_lib.FitStart
     noise_notice: Optional[str]  # what the first fit says, or None
     saver: resume_lib.Saver
+    placement: placement.Placement  # where replicas and variables are
 
 
 @contextlib.contextmanager
@@ -114,6 +115,12 @@ def check_default_strategy(strategy, backend) -> None:
             "tfscale.ClusterConfig()))")
 
 
+def _who(collectives) -> str:
+    """"worker 1" (or "rank 1" on MPI): how lines name this process."""
+    kind = "rank" if collectives.name == "mpi" else "worker"
+    return f"{kind} {collectives.worker_index}"
+
+
 def assemble(*, model, optimizer, loss_fn: Callable, strategy,
              config: TrainConfig, metrics: list, backend,
              take_batches: Callable) -> Parts:
@@ -122,12 +129,18 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
 
     Raises:
         ConfigError: What the config asks that the parts cannot do.
+        placement.PlacementError: This worker sees a GPU and the replicas
+            or the model's variables are not on one.
         ValueError: The global batch does not divide into replicas x
             accumulation steps, or the model is not built.
     """
     check_default_strategy(strategy, backend)
     collectives = (collectives_lib.make(backend, strategy)
                    if isinstance(backend, str) else backend)
+    # Before anything is traced: a run on the wrong devices stops here, in
+    # one line (never a silent CPU run on a GPU host).
+    where = placement.check(strategy, model.trainable_variables,
+                            worker=_who(collectives))
     replicas = collectives.num_replicas
     check_fits(model, config, replicas)
     optimizer, loss_scale, sharded = _optimizer(model, optimizer, strategy,
@@ -179,4 +192,5 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
         noise_notice=(NOISE_NOT_MEASURED if config.noise_scale.enabled
                       and not train_step.measures_noise else None),
         saver=resume_lib.Saver(keeper, position, noise_scale=noise_scale,
-                               sharded=sharded))
+                               sharded=sharded),
+        placement=where)

@@ -1,0 +1,273 @@
+"""Where a worker's replicas and variables go (`tfscale/cluster/placement.py`).
+
+TensorFlow decides where a MultiWorkerMirroredStrategy puts a worker's
+replicas from its cluster resolver's `num_accelerators()`; a resolver built
+without it gave every GPU worker 0 GPUs and its variables the CPU, which no
+CPU test could see (on a CPU every device count is the same). These tests
+feed the inputs TensorFlow decides from: a GPU listing as CUDA would make
+it from `CUDA_VISIBLE_DEVICES` (the launchers' per-worker and shared
+bindings), the resolver built from it, TensorFlow's own rule applied to
+that resolver, and the start-up check against replicas and variables put
+on the wrong device.
+"""
+
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.python.distribute import collective_all_reduce_strategy
+
+from launch import gpus as launch_gpus
+from launch import local
+from tests.conftest import run_command
+from tfscale.cluster import devices, placement, strategies
+from tfscale.cluster.environment import ClusterConfig, resolve_cluster
+from tfscale.trainer.loop import TrainConfig, Trainer
+
+HOST_GPUS = 4
+
+
+def cuda_listing(monkeypatch, env, host_gpus=HOST_GPUS):
+    """TensorFlow's GPU listing as CUDA makes it on a host with `host_gpus`
+    GPUs: the entries of `env`'s CUDA_VISIBLE_DEVICES when set ("": none),
+    else every GPU, renumbered from 0."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    ids = (list(range(host_gpus)) if visible is None else
+           [g for g in visible.split(",") if g.strip() not in ("", "-1")])
+    fakes = [tf.config.PhysicalDevice(f"/physical_device:GPU:{i}", "GPU")
+             for i in range(len(ids))]
+    listed, configured = (tf.config.get_visible_devices,
+                          tf.config.get_logical_device_configuration)
+    monkeypatch.setattr(
+        tf.config, "get_visible_devices",
+        lambda device_type=None: (list(fakes) if device_type == "GPU"
+                                  else listed(device_type)))
+    monkeypatch.setattr(
+        tf.config, "get_logical_device_configuration",
+        lambda device: None if device in fakes else configured(device))
+    return len(fakes)
+
+
+def tensorflow_devices(resolver, task=1):
+    """The devices TensorFlow 2.21's MWMS puts a worker's replicas on, for
+    `resolver` (its own rule, `_initialize_local_devices`)."""
+    extended = collective_all_reduce_strategy.CollectiveAllReduceExtended
+    devices, _ = extended._initialize_local_devices(
+        None, resolver, f"/job:worker/replica:0/task:{task}")
+    return devices
+
+
+class RecordingMwms:
+    """Stands in for MultiWorkerMirroredStrategy in `make_strategy`: keeps
+    the resolver, puts the replicas where TensorFlow would for it."""
+
+    made = []
+
+    def __init__(self, cluster_resolver, communication_options):
+        RecordingMwms.made.append(cluster_resolver)
+        self.cluster_resolver = cluster_resolver
+        self.extended = type("Extended", (), {
+            "worker_devices": tensorflow_devices(cluster_resolver)})()
+
+    def run(self, fn):
+        return fn()
+
+    def reduce(self, op, value, axis):
+        return value
+
+
+def two_worker_info(index=1):
+    with local.ports.lease(2, "127.0.0.1") as held:
+        addresses = [f"127.0.0.1:{p}" for p in held.ports]
+    return resolve_cluster({"TF_CONFIG": json.dumps({
+        "cluster": {"worker": addresses},
+        "task": {"type": "worker", "index": index}})})
+
+
+@pytest.mark.parametrize("visible,expected", [
+    (None, {"GPU": HOST_GPUS}), ("0", {"GPU": 1}), ("1,3", {"GPU": 2}),
+    ("", {})])
+def test_make_strategy_gives_mwms_the_gpus_the_worker_sees(
+        monkeypatch, visible, expected):
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    cuda_listing(monkeypatch, env)
+    RecordingMwms.made.clear()
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy",
+                        RecordingMwms)
+    strategy = strategies.make_strategy(two_worker_info(), ClusterConfig())
+    (resolver,) = RecordingMwms.made
+    assert resolver.num_accelerators() == expected
+    count = expected.get("GPU", 0)
+    assert strategy.extended.worker_devices == (
+        tuple(f"/job:worker/replica:0/task:1/device:GPU:{i}"
+              for i in range(count))
+        or ("/job:worker/replica:0/task:1/device:CPU:0",))
+
+
+@pytest.mark.parametrize("launcher,host_env,expected", [
+    # launch.local's default on a 4-GPU host: one GPU each.
+    (dict(gpus_per_worker=None), {}, [1, 1]),
+    # --gpus_per_worker 2: GPUs 0,1 and 2,3.
+    (dict(gpus_per_worker=2), {}, [2, 2]),
+    # --gpus_per_worker 0: CPU workers on a GPU host.
+    (dict(gpus_per_worker=0), {}, [0, 0]),
+    # A scheduler's binding (SLURM, Kubernetes): picked from it.
+    (dict(gpus_per_worker=None), {"CUDA_VISIBLE_DEVICES": "4,6"}, [1, 1]),
+    # --share_gpus: every worker sees every GPU of the host (a 1-GPU one).
+    (dict(share=True), {"CUDA_VISIBLE_DEVICES": "0"}, [1, 1]),
+])
+def test_each_workers_resolver_counts_the_gpus_its_binding_leaves_it(
+        monkeypatch, launcher, host_env, expected):
+    """The launcher's CUDA_VISIBLE_DEVICES per worker, through CUDA's
+    listing, to the resolver TensorFlow reads and the devices it picks."""
+    host = host_env.get("CUDA_VISIBLE_DEVICES")
+    host_gpus = (launch_gpus.host_gpus(host_env) if host is not None
+                 else [str(i) for i in range(HOST_GPUS)])
+    sets = (None if launcher.get("share") else launch_gpus.worker_gpus(
+        host_gpus, 2, launcher["gpus_per_worker"]))
+    specs = local.worker_specs(["train"], 2, [1111, 1112], host_env,
+                               gpu_sets=sets)
+    for spec, count in zip(specs, expected):
+        with monkeypatch.context() as patch:
+            cuda_listing(patch, spec.env)
+            info = resolve_cluster(spec.env)
+            resolver = strategies.multi_worker_resolver(
+                info, devices.visible_gpus())
+        assert resolver.num_accelerators() == ({"GPU": count} if count
+                                               else {})
+        picked = tensorflow_devices(resolver, info.task_index)
+        assert [d.rsplit("device:", 1)[1] for d in picked] == (
+            [f"GPU:{i}" for i in range(count)] or ["CPU:0"])
+
+
+def test_logical_gpus_count_as_tensorflow_counts_them(monkeypatch):
+    """One GPU split in two logical devices: two replicas, as TensorFlow's
+    own count (`context.num_gpus()`) gives."""
+    fake = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    monkeypatch.setattr(tf.config, "get_visible_devices",
+                        lambda device_type=None: [fake])
+    monkeypatch.setattr(
+        tf.config, "get_logical_device_configuration",
+        lambda device: [tf.config.LogicalDeviceConfiguration(1024)] * 2)
+    assert devices.visible_gpus() == ("/device:GPU:0", "/device:GPU:1")
+
+
+MWMS_DEVICES = """
+import json, sys
+import tensorflow as tf
+from tfscale.cluster import strategies
+from tfscale.cluster.environment import resolve_cluster
+info = resolve_cluster({"TF_CONFIG": json.dumps({
+    "cluster": {"worker": [sys.argv[1]]}, "task": {"type": "worker",
+                                                   "index": 0}})})
+if sys.argv[2] == "bare":
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(dict(info.cluster)), task_type="worker",
+        task_id=0, rpc_layer="grpc")
+else:
+    resolver = strategies.multi_worker_resolver(
+        info, ["/device:GPU:0"] * int(sys.argv[2]))
+strategy = tf.distribute.MultiWorkerMirroredStrategy(
+    cluster_resolver=resolver)
+print("DEVICES", json.dumps(strategy.extended.worker_devices))
+"""
+
+
+@pytest.mark.parametrize("gpus,expected", [
+    ("bare", ["CPU:0"]), ("2", ["GPU:0", "GPU:1"])])
+def test_a_real_mwms_puts_replicas_where_the_resolver_says(gpus, expected):
+    """TensorFlow's own MultiWorkerMirroredStrategy (its own process: one a
+    process) reads the resolver: a bare SimpleClusterResolver gives the
+    CPU (fact 36), tfscale's gives the worker's GPUs."""
+    with local.ports.lease(1, "127.0.0.1") as held:
+        address = f"127.0.0.1:{held.ports[0]}"
+    code, output = run_command([sys.executable, "-c", MWMS_DEVICES, address,
+                                gpus], timeout=120)
+    assert code == 0, output[-3000:]
+    line = next(l for l in output.splitlines() if l.startswith("DEVICES "))
+    assert [d.rsplit("device:", 1)[1] for d in json.loads(line[8:])] == \
+        expected
+
+
+def small_model():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                             keras.layers.Dense(1)])
+
+
+def test_cpu_replicas_are_refused_while_the_worker_sees_a_gpu():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with pytest.raises(placement.PlacementError) as raised:
+        placement.check(strategy, worker="worker 1",
+                        gpus=("/device:GPU:0",))
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("worker 1 sees 1 GPU (GPU:0) but its strategy "
+                              "put its replicas on /job:localhost/replica:0/"
+                              "task:0/device:CPU:0")
+    assert "CUDA_VISIBLE_DEVICES=" in message
+
+
+def test_variables_off_the_gpu_are_refused_naming_one():
+    """Replicas on a GPU, variables on the CPU (on this CPU machine soft
+    placement puts a "/gpu:0" strategy's variables there): refused."""
+    strategy = tf.distribute.MirroredStrategy(["/gpu:0"])
+    with strategy.scope():
+        model = small_model()
+    with pytest.raises(placement.PlacementError,
+                       match=r"^worker 0 sees 1 GPU \(GPU:0\) and its "
+                             r"replicas are on GPU:0, but variable "
+                             r"sequential\S*/dense\S*/kernel is on "
+                             r"/job:localhost/replica:0/task:0/device:CPU:0"):
+        placement.check(strategy, model.trainable_variables,
+                        gpus=("/device:GPU:0",))
+
+
+def test_a_cpu_worker_that_sees_no_gpu_passes_and_says_where_it_is():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = small_model()
+    where = placement.check(strategy, model.trainable_variables, gpus=())
+    assert where.describe() == (
+        "placement: 2 replicas on CPU:0, CPU:1, variables on CPU:0, CPU:1 "
+        "(worker 0 sees no GPU)")
+    gpu = placement.Placement("worker 3", ("/device:GPU:0",),
+                              ("/job:worker/replica:0/task:3/device:GPU:0",),
+                              ("/job:worker/replica:0/task:3/device:GPU:0",))
+    assert gpu.describe() == ("placement: 1 replica on GPU:0, variables on "
+                              "GPU:0 (worker 3 sees 1 GPU: GPU:0)")
+
+
+def test_the_trainer_checks_before_its_first_step(monkeypatch):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model = small_model()
+        optimizer = keras.optimizers.SGD(0.1)
+    trainer = Trainer(model=model, optimizer=optimizer, loss_fn=keras.losses.
+                      MeanSquaredError(), strategy=strategy,
+                      config=TrainConfig(global_batch_size=8, verbose=0))
+    assert trainer.placement.describe().startswith(
+        "placement: 1 replica on CPU:0, variables on CPU:0")
+    cuda_listing(monkeypatch, {"CUDA_VISIBLE_DEVICES": "0"})
+    with pytest.raises(placement.PlacementError,
+                       match="^worker 0 sees 1 GPU"):
+        Trainer(model=model, optimizer=optimizer,
+                loss_fn=keras.losses.MeanSquaredError(), strategy=strategy,
+                config=TrainConfig(global_batch_size=8, verbose=0))
+
+
+def test_keras_fit_on_many_replicas_checks_before_training(monkeypatch):
+    import tfscale
+    tfscale.enable_multi_worker_fit()
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = small_model()
+        model.compile(optimizer="sgd", loss="mse")
+    x = np.ones((16, 4), "float32")
+    cuda_listing(monkeypatch, {"CUDA_VISIBLE_DEVICES": "0,1"})
+    with pytest.raises(placement.PlacementError,
+                       match=r"^worker 0 sees 2 GPUs \(GPU:0, GPU:1\) but"):
+        model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0)
