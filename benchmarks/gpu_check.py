@@ -247,9 +247,16 @@ def parse_args(argv=None):
                         help="their checkpoint interval (the SIGTERM goes "
                              "after the first)")
     parser.add_argument("--timed_steps", type=int, default=300,
-                        help="steps of each timed run")
+                        help="steps of each timed run (--levers: steps "
+                             "timed)")
     parser.add_argument("--log_steps", type=int, default=50,
                         help="the timed runs' log interval")
+    parser.add_argument("--lever_batch", type=int, default=256,
+                        help="--levers: the global batch (default: 256)")
+    parser.add_argument("--parallel", type=int, default=4,
+                        help="--levers: runs compiling at once (default: 4)")
+    parser.add_argument("--warmup_steps", type=int, default=60,
+                        help="--levers: steps before a run is timed")
     parser.add_argument("--records", default=None)
     parser.add_argument("--timeout", type=float, default=420)
     return parser.parse_args(argv)

@@ -24,6 +24,11 @@ would read the lone `f32`; `..._gemm_f32f32_tf32f32_...` is TF32 math on
 float32 inputs ("tf32 (f32 acc)"). TensorFlow moves 2-byte elements
 (bfloat16 or float16 transposes, copies, concatenations) as Eigen tensors of
 `unsigned short` ("16-bit move").
+
+`--steps N` also prints the profile per step: the GPU's idle time (the
+profile's window less the union of its events) and its kernel time by kind
+(GEMM, attention, dropout, LAMB, other: `kind_of`, from the kernel's name
+and the TensorFlow op it ran for).
 """
 
 import argparse
@@ -113,6 +118,75 @@ def plane_times(plane):
     return total, kernels, ops, typed
 
 
+KINDS = ("GEMM", "attention", "dropout", "LAMB", "other")
+
+
+def kind_of(kernel: str, op: str = "") -> str:
+    """A kernel's kind: GEMM by its name (cuBLAS, CUTLASS, XLA's GEMM
+    fusions), else by the TensorFlow op (path) it ran for: dropout
+    (random bits, masks), LAMB (the optimizer's update), attention (the
+    attention layers' other work); else "other". An XLA fusion carries the
+    path of one op it fused, so the split is approximate."""
+    name, op = kernel.lower(), op.lower()
+    if any(w in name for w in ("gemm", "xmma", "cutlass", "cublas",
+                               "__cudnn$fmha")):
+        return "GEMM" if "fmha" not in name else "attention"
+    if any(w in name for w in ("xor", "philox", "rng")) or (
+            "dropout" in op or "random" in op):
+        return "dropout"
+    if "lamb" in op or "update" in op or "/apply" in op:
+        return "LAMB"
+    if "attention" in op or "softmax" in op:
+        return "attention"
+    return "other"
+
+
+def step_summary(plane, steps: int) -> dict:
+    """Per step of a profile of `steps` steps: {"idle_ms", "busy_ms",
+    "window_ms", kind: ms} (the window from the first event's start to the
+    last one's end; busy, the union of the events on every line)."""
+    names = {k: v.name for k, v in plane.event_metadata.items()}
+    stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+    spans, kinds = [], dict.fromkeys(KINDS, 0.0)
+    for line in plane.lines:
+        start_ps = line.timestamp_ns * 1000
+        for event in line.events:
+            begin = start_ps + event.offset_ps
+            spans.append((begin, begin + event.duration_ps))
+            op = ""
+            for stat in event.stats:
+                if stat_names.get(stat.metadata_id) == "tf_op":
+                    op = stat.str_value or plane.stat_metadata[
+                        stat.ref_value].name
+                    break
+            kinds[kind_of(names.get(event.metadata_id, ""), op)] += (
+                event.duration_ps / 1e9)
+    if not spans:
+        return {}
+    spans.sort()
+    busy, end = 0, spans[0][0]
+    for begin, finish in spans:
+        if finish > end:
+            busy += finish - max(begin, end)
+            end = finish
+    window = (end - spans[0][0]) / 1e9
+    per = max(steps, 1)
+    summary = {"window_ms": window / per, "busy_ms": busy / 1e9 / per,
+               "idle_ms": (window - busy / 1e9) / per}
+    summary.update({kind: ms / per for kind, ms in kinds.items()})
+    return summary
+
+
+def profile_planes(folder: str) -> list:
+    """The GPU planes of the newest profile under `folder` (else the
+    host's)."""
+    space = xplane_pb2.XSpace()
+    with open(newest_profile(folder), "rb") as f:
+        space.ParseFromString(f.read())
+    planes = [p for p in space.planes if p.name.startswith("/device:GPU")]
+    return planes or [p for p in space.planes if p.name == "/host:CPU"]
+
+
 def _rows(counter, total, top):
     for name, ms in counter.most_common(top):
         if isinstance(name, tuple):
@@ -130,17 +204,17 @@ def main(argv=None):
     parser.add_argument("folder", help="where the profile was written")
     parser.add_argument("top", type=int, nargs="?", default=25,
                         help="rows a table prints (default 25)")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="the steps the profile holds: also print idle "
+                             "and kernel time by kind per step")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     top = args.top
-    path = newest_profile(args.folder)
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
-    planes = [p for p in space.planes if p.name.startswith("/device:GPU")]
-    if not planes:
-        planes = [p for p in space.planes if p.name == "/host:CPU"]
-    print(path)
-    for plane in planes:
+    print(newest_profile(args.folder))
+    for plane in profile_planes(args.folder):
+        if args.steps:
+            print(f"== {plane.name} per step: " + ", ".join(
+                f"{k} {v:.2f} ms"
+                for k, v in step_summary(plane, args.steps).items()))
         total, kernels, ops, typed = plane_times(plane)
         print(f"== {plane.name}: {total:.1f} ms of events, "
               f"{len(kernels)} distinct kernels")

@@ -103,14 +103,19 @@ def _activation(name):
 
 class Dropout(layers.Dropout):
     """Keras's `Dropout` (the same seed generator, one draw per call) as
-    one fusion each way (`elementwise.dropout`)."""
+    one fusion each way (`elementwise.dropout`; `bits=16`: its masks from
+    16 random bits an element)."""
+
+    def __init__(self, rate, bits: int = 32, **kwargs):
+        super().__init__(rate, **kwargs)
+        self.bits = bits
 
     def call(self, inputs, training=False):
         if not training or self.rate == 0:
             return inputs
         seed = ops.cast(ops.mod(self.seed_generator.next(), 2 ** 31 - 2),
                         "int32")
-        return elementwise.dropout(inputs, self.rate, seed)
+        return elementwise.dropout(inputs, self.rate, seed, bits=self.bits)
 
 
 class SelfAttention(layers.Layer):
@@ -119,7 +124,8 @@ class SelfAttention(layers.Layer):
     bias and softmax take the scores as they are (TensorFlow's GPU softmax
     accumulates a bfloat16 or float16 row in float32)."""
 
-    def __init__(self, config: BertConfig, **kwargs):
+    def __init__(self, config: BertConfig, dropout_bits: int = 32,
+                 **kwargs):
         super().__init__(**kwargs)
         self.num_heads = config.num_attention_heads
         self.head_size = config.hidden_size // config.num_attention_heads
@@ -131,7 +137,8 @@ class SelfAttention(layers.Layer):
         self.value = Dense(hidden, kernel_initializer=init, name="value")
         self.output_dense = Dense(hidden, kernel_initializer=init,
                                   name="output")
-        self.dropout = Dropout(config.attention_probs_dropout_prob)
+        self.dropout = Dropout(config.attention_probs_dropout_prob,
+                               bits=dropout_bits)
 
     def _heads(self, x):
         batch, length = ops.shape(x)[0], ops.shape(x)[1]
@@ -156,18 +163,21 @@ class SelfAttention(layers.Layer):
 class TransformerLayer(layers.Layer):
     """Post-layer-norm transformer block, as in the original BERT."""
 
-    def __init__(self, config: BertConfig, **kwargs):
+    def __init__(self, config: BertConfig, dropout_bits: int = 32, **kwargs):
         super().__init__(**kwargs)
         init = _init(config)
-        self.attention = SelfAttention(config, name="attention")
-        self.attention_dropout = Dropout(config.hidden_dropout_prob)
+        self.attention = SelfAttention(config, dropout_bits=dropout_bits,
+                                       name="attention")
+        self.attention_dropout = Dropout(config.hidden_dropout_prob,
+                                         bits=dropout_bits)
         self.attention_layer_norm = LayerNorm(name="attention_layer_norm")
         self.intermediate = Dense(
             config.intermediate_size, activation=_activation(config.hidden_act),
             kernel_initializer=init, name="intermediate")
         self.output_dense = Dense(config.hidden_size, kernel_initializer=init,
                                   name="output")
-        self.output_dropout = Dropout(config.hidden_dropout_prob)
+        self.output_dropout = Dropout(config.hidden_dropout_prob,
+                                      bits=dropout_bits)
         self.output_layer_norm = LayerNorm(name="output_layer_norm")
 
     def call(self, x, mask_bias, training=False):
@@ -206,10 +216,11 @@ class BertEncoder(keras.Model):
 
     `scatter_free`: no gradient of the embeddings is a scatter (the word and
     type tables' are one-hot matmuls, the positions' a slice's).
+    `dropout_bits`: 32, or 16 (`Dropout`'s masks from 16 random bits).
     """
 
     def __init__(self, config: BertConfig, recompute_activations=False,
-                 scatter_free=False, **kwargs):
+                 scatter_free=False, dropout_bits=32, **kwargs):
         super().__init__(**kwargs)
         self.config = config
         self.recompute_activations = recompute_activations
@@ -226,10 +237,12 @@ class BertEncoder(keras.Model):
             config.type_vocab_size, hidden, embeddings_initializer=init,
             name="type_embeddings", scatter_free=scatter_free)
         self.embedding_layer_norm = LayerNorm(name="embedding_layer_norm")
-        self.embedding_dropout = Dropout(config.hidden_dropout_prob)
+        self.embedding_dropout = Dropout(config.hidden_dropout_prob,
+                                         bits=dropout_bits)
         for i in range(config.num_hidden_layers):
             setattr(self, f"layer_{i}",
-                    TransformerLayer(config, name=f"layer_{i}"))
+                    TransformerLayer(config, dropout_bits=dropout_bits,
+                                     name=f"layer_{i}"))
         self.pooler = Dense(hidden, activation="tanh",
                             kernel_initializer=init, name="pooler")
 
@@ -291,14 +304,15 @@ class BertPretrainer(keras.Model):
     `gathers.take_positions`)."""
 
     def __init__(self, config: BertConfig, recompute_activations=False,
-                 scatter_free=False, **kwargs):
+                 scatter_free=False, dropout_bits=32, **kwargs):
         super().__init__(**kwargs)
         self.config = config
         self.scatter_free = scatter_free
         init = _init(config)
         self.encoder = BertEncoder(
             config, recompute_activations=recompute_activations,
-            scatter_free=scatter_free, name="encoder")
+            scatter_free=scatter_free, dropout_bits=dropout_bits,
+            name="encoder")
         self.mlm_transform = Dense(
             config.hidden_size, activation=_activation(config.hidden_act),
             kernel_initializer=init, name="mlm_transform")
@@ -341,9 +355,11 @@ def make_encoder(config: BertConfig, max_seq_length: int = 128) -> BertEncoder:
 def make_pretrainer(config: BertConfig, max_seq_length: int,
                     max_predictions_per_seq: int,
                     recompute_activations: bool = False,
-                    scatter_free: bool = False) -> BertPretrainer:
+                    scatter_free: bool = False,
+                    dropout_bits: int = 32) -> BertPretrainer:
     """Builds the model (variables created) for the given record shape
-    (`recompute_activations`, `scatter_free`: see `BertEncoder`).
+    (`recompute_activations`, `scatter_free`, `dropout_bits`: see
+    `BertEncoder`).
 
     Call under `strategy.scope()`.
     """
@@ -352,7 +368,8 @@ def make_pretrainer(config: BertConfig, max_seq_length: int,
             f"max_seq_length {max_seq_length} exceeds the model's "
             f"max_position_embeddings {config.max_position_embeddings}")
     model = BertPretrainer(config, recompute_activations=recompute_activations,
-                           scatter_free=scatter_free, name="bert_pretrainer")
+                           scatter_free=scatter_free,
+                           dropout_bits=dropout_bits, name="bert_pretrainer")
     dummy = _dummy_inputs(max_seq_length)
     dummy["masked_lm_positions"] = ops.zeros((1, max_predictions_per_seq),
                                              "int32")

@@ -135,6 +135,24 @@ def _uniform(x, seed):
         alg=tf.random.Algorithm.AUTO_SELECT.value, dtype=x.dtype)
 
 
+def keep_mask_16(shape, rate: float, seed):
+    """A dropout keep mask of `shape` from 16 random bits an element: one
+    32-bit word (TensorFlow's stateless kernel, `seed` int32 [2]) serves
+    two elements, each kept where its half is >= round(rate x 65,536).
+    Returns (the boolean mask, the keep probability it realizes,
+    1 - round(rate x 65,536) / 65,536: the rate quantized to 1/65,536,
+    0.1 -> 0.1000061)."""
+    threshold = int(round(rate * 65536))
+    size = tf.reduce_prod(shape)
+    key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)
+    words = tf.raw_ops.StatelessRandomUniformFullIntV2(
+        shape=tf.reshape((size + 1) // 2, [1]), key=key, counter=counter,
+        alg=tf.random.Algorithm.AUTO_SELECT.value, dtype=tf.uint32)
+    halves = tf.reshape(tf.bitcast(words, tf.uint16), [-1])[:size]
+    keep = tf.reshape(halves >= tf.constant(threshold, tf.uint16), shape)
+    return keep, (65536 - threshold) / 65536
+
+
 def _dropout_forward(x, uniform, rate):
     keep = uniform >= tf.cast(rate, uniform.dtype)
     return (tf.where(keep, x * tf.cast(1.0 / (1.0 - rate), x.dtype),
@@ -150,12 +168,34 @@ _DROPOUT_FORWARD = _compiled(_dropout_forward)
 _DROPOUT_BACKWARD = _compiled(_dropout_backward)
 
 
-def dropout(x, rate, seed):
+def _masked_forward(x, keep, scale):
+    return tf.where(keep, x * tf.cast(scale, x.dtype), tf.zeros([], x.dtype))
+
+
+_MASKED_FORWARD = _compiled(_masked_forward)
+
+
+def dropout(x, rate, seed, bits: int = 32):
     """Inverted dropout: elements kept with probability 1 - rate, scaled
     by 1 / (1 - rate). `seed`: int32 [2] (a stateless seed, e.g. a Keras
     `SeedGenerator`'s next state). The uniform draw is TensorFlow's kernel;
     the rest is one fusion each way, the forward also writing the boolean
-    mask the backward reads."""
+    mask the backward reads.
+
+    `bits=16`: the mask from 16 random bits an element (`keep_mask_16`:
+    half the random words, no uniform numbers written), the rate quantized
+    to 1/65,536 and the kept elements scaled by 1 / the keep probability
+    that realizes (other masks than `bits=32`'s, the same expectation)."""
+    if bits == 16:
+        keep, kept = keep_mask_16(tf.shape(x), rate, seed)
+        scale = tf.constant(1.0 / kept, tf.float32)
+
+        @tf.custom_gradient
+        def drop16(x):
+            def grad(dy):
+                return _MASKED_FORWARD(dy, keep, scale)
+            return _MASKED_FORWARD(x, keep, scale), grad
+        return drop16(x)
     rate = tf.constant(rate, tf.float32)
     uniform = _uniform(x, seed)
 

@@ -43,8 +43,10 @@ def calls_line(train: TrainConfig) -> str:
              "acted on within that, a step and the save)"
              if train.max_call_seconds else
              " each, no time bound (a signal waits for the call in flight)")
-    return (f"  calls: up to {train.steps_per_execution} steps{bound}; log "
-            f"every {train.log_steps} steps")
+    launches = (f" in launches of {train.steps_per_launch}"
+                if train.steps_per_launch > 1 else "")
+    return (f"  calls: up to {train.steps_per_execution} steps{launches}"
+            f"{bound}; log every {train.log_steps} steps")
 
 
 def _sharding(trainer) -> str:

@@ -156,15 +156,20 @@ class TrainConfig:
 def resolve_auto(config: TrainConfig, strategy) -> TrainConfig:
     """`config` with its auto fields (`jit_compile=None`,
     `compile_update=None`) decided for `strategy`: on where its devices are
-    all GPUs (`xla_flags.choose`), off on CPUs."""
+    all GPUs (`xla_flags.choose`), off on CPUs; the update also compiled
+    with `steps_per_launch` > 1."""
     if config.jit_compile is not None and config.compile_update is not None:
         return config
     replica_devices = devices.worker_devices(strategy)
     on_gpus = all("GPU" in device.upper() for device in replica_devices)
+    # Several steps a launch are one program with their updates: auto
+    # compiles the update for them, on any device.
     return dataclasses.replace(
         config,
         jit_compile=xla_flags.choose(config.jit_compile, on_gpus)[0],
-        compile_update=xla_flags.choose(config.compile_update, on_gpus)[0])
+        compile_update=xla_flags.choose(
+            config.compile_update,
+            on_gpus or config.steps_per_launch > 1)[0])
 
 
 def check_fits(model, config: TrainConfig, replicas: int) -> None:

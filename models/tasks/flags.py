@@ -204,6 +204,13 @@ def define_log_interval(flags, default: int, **kwargs) -> None:
                        "--steps_per_execution (its steps sized from the "
                        "measured step time, agreed by all workers). 0: no "
                        "bound.", **kwargs)
+    flags.DEFINE_integer("steps_per_launch", 1,
+                         "Optimizer steps in one XLA program (a loop of "
+                         "static trip count over that many batches taken "
+                         "before the launch): the host launches once per "
+                         "that many steps. Needs the step to be one XLA "
+                         "program (one GPU alone, --xla). 1: one a launch.",
+                         **kwargs)
     flags.DEFINE_integer("timed_steps_per_log", 4,
                          "Steps per log interval run part by part to measure "
                          "the time split (input, compute, sync, update), "
@@ -268,6 +275,7 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
         log_steps=log_steps,
         steps_per_execution=values.steps_per_execution or log_steps,
         max_call_seconds=values.max_call_seconds, verbose=2,
+        steps_per_launch=values.steps_per_launch,
         timed_steps_per_log=values.timed_steps_per_log,
         noise_scale=noise_scale_from_flags(values), **more)
 

@@ -53,6 +53,8 @@ class PretrainingConfig(RecordsJobConfig):
         recompute_activations: Each transformer layer's forward runs again
             in the backward pass instead of keeping its activations
             (`bert.BertEncoder`).
+        dropout_bits: Random bits per dropout element: 32 or 16
+            (`elementwise.dropout`).
     """
 
     model: BertConfig
@@ -64,6 +66,13 @@ class PretrainingConfig(RecordsJobConfig):
     list_variables: bool = False
     pretrained_prefix: Optional[str] = None
     recompute_activations: bool = False
+    dropout_bits: int = 32
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.dropout_bits not in (16, 32):
+            raise ValueError(f"dropout_bits must be 16 or 32, got "
+                             f"{self.dropout_bits}")
 
     @property
     def num_train_steps(self) -> int:
@@ -114,7 +123,8 @@ class Pretraining(RecordsTask):
                 config.model, config.spec.max_seq_length,
                 config.spec.max_predictions_per_seq,
                 recompute_activations=config.recompute_activations,
-                scatter_free=config.deterministic)
+                scatter_free=config.deterministic,
+                dropout_bits=config.dropout_bits)
         return jobs.Built(model,
                           bert.make_pretraining_loss(config.deterministic),
                           bert.pretraining_metrics())

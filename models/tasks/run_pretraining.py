@@ -91,6 +91,12 @@ flags.DEFINE_bool("recompute_activations", False, "Keep only each "
                   "the layer's forward again there (tf.recompute_grad): "
                   "activation memory of one layer instead of all, for about "
                   "one more forward pass (docs/memory.md).", **SPEED)
+flags.DEFINE_enum("dropout_bits", "32", ["32", "16"],
+                  "Random bits drawn per dropout element: 32 (a uniform "
+                  "number each) or 16 (one 32-bit word for two elements; the "
+                  "rate quantized to 1/65536, the kept elements scaled by "
+                  "the keep probability that realizes: docs/gpus.md).",
+                  **SPEED)
 
 flags.DEFINE_bool("do_eval", False,
                   "Evaluate at the end, on --eval_input_file or else on "
@@ -284,7 +290,8 @@ def config_from_flags():
                                             nvidia_flags.PRETRAINED_PREFIX)
                                if reading.dialect == "nvidia" else None),
             list_variables=FLAGS.verbose_logging,
-            recompute_activations=FLAGS.recompute_activations)
+            recompute_activations=FLAGS.recompute_activations,
+            dropout_bits=int(FLAGS.dropout_bits))
     except ValueError as e:
         flags_lib.fail_on_config("run_pretraining", e, FLAGS)
 

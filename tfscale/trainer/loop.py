@@ -533,6 +533,11 @@ class Trainer:
         plan = self._train_step.plan
         count = (1 if self._adascale is not None  # its rate moves each step
                  else self._pace.steps(plan.steps_in_call(first, most)))
+        launch = self.config.steps_per_launch
+        if launch > 1 and count > launch:
+            # Whole launches: steps left over run one at a time only
+            # before a boundary (a log, a checkpoint, the epoch's end).
+            count -= count % launch
         part_by_part = plan.part_by_part(first, most)
         signals = [float(bool(self.model.stop_training)),
                    float(watch.requested), self._pace.proposal()]

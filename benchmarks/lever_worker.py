@@ -1,0 +1,102 @@
+r"""One run of `benchmarks/gpu_levers.py`: the BERT job with a gate.
+
+    python -m benchmarks.lever_worker --gate_dir DIR --run_name NAME \
+        --gate_after_steps 40 --timed_steps 200 [--profile] RUN_PRETRAINING_FLAGS
+
+`run_pretraining.py`'s job (its flags, records, model, Trainer) with one
+callback more: once past `--gate_after_steps` (tracing, compilation,
+autotuning done) it writes `NAME.ready` and waits for `NAME.go`, which the
+orchestrator writes when no other run compiles or is timed; then it times
+the calls that cover `--timed_steps` steps (the wall time between the
+ends of whole calls, the device's work included: each call ends with a
+read of its results), writes `NAME.json`, with `--profile` profiles the
+next call into `DIR/NAME-profile`, and ends the process (no final
+checkpoint or export: nothing of them is measured).
+"""
+
+import json
+import os
+import sys
+import time
+
+from absl import app, flags
+
+from models.tasks import run_pretraining  # noqa: F401 (its flags)
+
+flags.DEFINE_string("gate_dir", None, "Where the gate's files go.")
+flags.DEFINE_string("run_name", None, "This run's name in them.")
+flags.DEFINE_integer("gate_after_steps", 40, "Steps before the gate.")
+flags.DEFINE_integer("timed_steps", 200, "Steps timed, at least.")
+flags.DEFINE_bool("profile", False, "Profile one call after the timing.")
+FLAGS = flags.FLAGS
+
+
+def _gate_callback(trainer, path, warmup, timed, profile):
+    import keras
+    import tensorflow as tf
+
+    class Gate(keras.callbacks.Callback):
+        """Waits at the gate, times, profiles, leaves (see the module
+        docstring)."""
+
+        def __init__(self):
+            super().__init__()
+            self.start = None
+            self.profiling = None
+
+        def on_train_batch_end(self, batch, logs=None):
+            step = int(trainer.step.numpy())
+            if self.profiling is not None:
+                tf.profiler.experimental.stop()
+                self._write(profiled_steps=step - self.profiling)
+                os._exit(0)
+            if self.start is None and step >= warmup:
+                open(path + ".ready", "w").close()
+                while not os.path.exists(path + ".go"):
+                    time.sleep(0.05)
+                self.start = (step, time.perf_counter())
+            elif self.start is not None and step - self.start[0] >= timed:
+                first, began = self.start
+                seconds = time.perf_counter() - began
+                self.result = {"steps": step - first, "seconds": seconds,
+                               "examples_per_second":
+                                   (step - first)
+                                   * trainer.config.global_batch_size
+                                   / seconds,
+                               "step_layout": trainer.step_layout}
+                if not profile:
+                    self._write()
+                    os._exit(0)
+                tf.profiler.experimental.start(path + "-profile")
+                self.profiling = step
+
+        def _write(self, **more):
+            with open(path + ".json", "w") as f:
+                json.dump({**self.result, **more}, f)
+            open(path + ".done", "w").close()
+            sys.stdout.flush()
+
+    return Gate()
+
+
+def main(argv):
+    del argv
+    from models.tasks.pretraining import Pretraining
+    from tfscale import jobs
+
+    path = os.path.join(FLAGS.gate_dir, FLAGS.run_name)
+    config = run_pretraining.config_from_flags()
+
+    class Gated(Pretraining):
+        def callbacks(self, trainer):
+            return [*super().callbacks(trainer), _gate_callback(
+                trainer, path, FLAGS.gate_after_steps, FLAGS.timed_steps,
+                FLAGS.profile)]
+
+    jobs.run(Gated(config))
+    # (The gate ends the process; reaching here: the run ended first.)
+    sys.exit(f"lever_worker: {FLAGS.run_name} ended before its timed steps")
+
+
+if __name__ == "__main__":
+    app.run(main)
