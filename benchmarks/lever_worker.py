@@ -1,7 +1,7 @@
 r"""One run of `benchmarks/gpu_levers.py`: the BERT job with a gate.
 
     python -m benchmarks.lever_worker --gate_dir DIR --run_name NAME \
-        --gate_after_steps 40 --timed_steps 200 [--profile] RUN_PRETRAINING_FLAGS
+        --gate_after_steps 40 --timed_steps 200 [--profile] -- RUN_PRETRAINING_FLAGS
 
 `run_pretraining.py`'s job (its flags, records, model, Trainer) with one
 callback more: once past `--gate_after_steps` (tracing, compilation,
@@ -14,21 +14,11 @@ next call into `DIR/NAME-profile`, and ends the process (no final
 checkpoint or export: nothing of them is measured).
 """
 
+import argparse
 import json
 import os
 import sys
 import time
-
-from absl import app, flags
-
-from models.tasks import run_pretraining  # noqa: F401 (its flags)
-
-flags.DEFINE_string("gate_dir", None, "Where the gate's files go.")
-flags.DEFINE_string("run_name", None, "This run's name in them.")
-flags.DEFINE_integer("gate_after_steps", 40, "Steps before the gate.")
-flags.DEFINE_integer("timed_steps", 200, "Steps timed, at least.")
-flags.DEFINE_bool("profile", False, "Profile one call after the timing.")
-FLAGS = flags.FLAGS
 
 
 def _gate_callback(trainer, path, warmup, timed, profile):
@@ -43,6 +33,7 @@ def _gate_callback(trainer, path, warmup, timed, profile):
             super().__init__()
             self.start = None
             self.profiling = None
+            self.result = None
 
         def on_train_batch_end(self, batch, logs=None):
             step = int(trainer.step.numpy())
@@ -79,24 +70,49 @@ def _gate_callback(trainer, path, warmup, timed, profile):
     return Gate()
 
 
-def main(argv):
-    del argv
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        usage="%(prog)s --gate_dir DIR --run_name NAME [options] -- "
+              "RUN_PRETRAINING_FLAGS")
+    parser.add_argument("--gate_dir", required=True,
+                        help="where the gate's files go")
+    parser.add_argument("--run_name", required=True,
+                        help="this run's name in them")
+    parser.add_argument("--gate_after_steps", type=int, default=40,
+                        help="steps before the gate (default: 40)")
+    parser.add_argument("--timed_steps", type=int, default=200,
+                        help="steps timed, at least (default: 200)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile one call after the timing")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    return parser.parse_args(argv[:split]), argv[split + 1:]
+
+
+def main(argv=None) -> int:
+    args, job_flags = parse_args(argv)
+    # The job's flags, read as run_pretraining.py reads them.
+    from absl import flags
+    from models.tasks import run_pretraining
     from models.tasks.pretraining import Pretraining
     from tfscale import jobs
-
-    path = os.path.join(FLAGS.gate_dir, FLAGS.run_name)
+    flags.FLAGS(["run_pretraining", *job_flags])
+    path = os.path.join(args.gate_dir, args.run_name)
     config = run_pretraining.config_from_flags()
 
     class Gated(Pretraining):
         def callbacks(self, trainer):
             return [*super().callbacks(trainer), _gate_callback(
-                trainer, path, FLAGS.gate_after_steps, FLAGS.timed_steps,
-                FLAGS.profile)]
+                trainer, path, args.gate_after_steps, args.timed_steps,
+                args.profile)]
 
     jobs.run(Gated(config))
     # (The gate ends the process; reaching here: the run ended first.)
-    sys.exit(f"lever_worker: {FLAGS.run_name} ended before its timed steps")
+    print(f"lever_worker: {args.run_name} ended before its timed steps",
+          file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
-    app.run(main)
+    sys.exit(main())

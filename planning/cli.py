@@ -5,6 +5,9 @@
         --micro_ms 655 --gradient_dtype float16 --system dgx-a100 --json
     tfscale-plan --parameters 336e6 --micro_batch 312 --gradient_dtype \\
         float16 --system dgx-a100 --measured 1:3803.82:32,2:7551.37:16
+    tfscale-plan --system dgx-a100 --parameters 336e6 --gradient_dtype \\
+        float16 --results 8:448:16.88:2456496,1024:4096:0.4209:2782046 \\
+        --gpus 8,64,1024,4096 --train_batch_per_gpu 4
 
 The workload comes from a finished run's summary.json (any worker count),
 from flags, or from throughputs measured on 1 and 2+ nodes (--measured);
@@ -19,6 +22,12 @@ assumed, then one row per GPU count: the step's terms, throughput with its
 band, weak and strong scaling efficiency, the NIC line rate a node needs
 for --target_efficiency, time to the run's target (from its gradient noise
 scale), its cost with --gpu_hour_price, and the dominant term.
+
+With --results (two or more runs measured to their target: GPUs, global
+batch, minutes, examples or steps) it prints time to train at each of
+--gpus instead, at --train_batch or --train_batch_per_gpu: each fitted
+term, a band that widens outside the measured batches, and rows there
+marked extrapolated (`time_to_train.py`).
 """
 
 import argparse
@@ -29,7 +38,8 @@ import re
 import sys
 from typing import List, Optional
 
-from planning import calibrate, collectives, frameworks, projection, systems
+from planning import (calibrate, collectives, frameworks, projection,
+                      systems, time_to_train_cli)
 from planning.workload import DTYPE_BYTES, Workload, from_summary
 
 
@@ -112,6 +122,8 @@ def parse_args(argv):
     _add_system_options(p.add_argument_group("the system"))
     _add_workload_options(p.add_argument_group("the workload (default: the run's)"))
     _add_target_options(p.add_argument_group("the target"))
+    time_to_train_cli.add_options(p.add_argument_group(
+        "time to train from measured results"))
     return p.parse_args(argv)
 
 
@@ -505,8 +517,34 @@ def _check_plot_extra() -> None:
             "extra: pip install \".[plot]\" in the checkout") from None
 
 
+def _time_to_train(args) -> int:
+    """--results: time to train at --gpus (`time_to_train_cli.py`)."""
+    try:
+        system = systems.load(args.system)
+        _check_args(args, system)
+        plan = projection.Plan(algorithm=args.algorithm, zero1=args.zero1,
+                               fusion_bytes=args.fusion_mb * 1e6,
+                               framework=frameworks.load(args.framework))
+        header, rows, model = time_to_train_cli.run(args, system, plan)
+    except (ValueError, OSError) as e:
+        print(f"tfscale-plan: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"system": dataclasses.asdict(system),
+                          "model": dataclasses.asdict(model),
+                          "assumptions": header,
+                          "rows": time_to_train_cli.as_json(rows)},
+                         indent=1, default=str))
+    else:
+        print("\n".join(header))
+        print(time_to_train_cli.table(rows, args.gpu_hour_price))
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.results:
+        return _time_to_train(args)
     try:
         if args.plot:
             _check_plot_extra()  # before any work, not after the table

@@ -107,3 +107,18 @@ def mlperf(benchmark: str) -> Dict[int, dict]:
                    "per_gpu_batch": r.global_batch / gpus,
                    "model": model}
             for gpus, r in sorted(results.items())}
+
+
+def mlperf_results(table: str, benchmark: str) -> dict:
+    """{GPUs: `time_to_train.Result`} of published.json's MLPerf `table`
+    for `benchmark`, with its system preset and the parameters and
+    gradient bytes its benchmark names: (results, system, parameters,
+    gradient bytes)."""
+    from planning import time_to_train
+    data = load()[table]
+    spec = data["benchmarks"][benchmark]
+    results = {r["gpus"]: time_to_train.Result(
+        r["gpus"], r["global_batch"], r["minutes"], r["examples"])
+        for r in data["rows"] if r["benchmark"] == benchmark}
+    return (results, systems.PRESETS[data["system"]], spec["parameters"],
+            spec["gradient_bytes"])

@@ -1,30 +1,47 @@
-"""Time to train at any GPU count from two measured results (MLPerf's
-figure: minutes from start to the target), where per-GPU batches are small
-enough that a step's fixed costs matter.
+"""Time to train at any GPU count from two or more measured results (MLPerf's
+figure: minutes from start to the target), with a band that widens with
+the distance from what was measured.
 
     minutes(N, B) = E(B) / B x (t0 + b x t1 + sync(N)) / 60
 
 - b = B / N, the examples each GPU takes a step: a step's compute is
   t0 + b x t1, a fixed part (launches, the update, the evaluations spread
-  over the steps) and a part per example;
+  over the steps) and a part per example (least squares over the results'
+  step times less their sync; two results: exact);
 - sync(N): the gradients' all-reduce on the system (`collectives.py`);
 - E(B) = E_min (1 + B / B_noise): the examples the run needs to reach its
-  target at global batch B (McCandlish et al. 2018: more examples at a
-  batch past the noise scale).
+  target at global batch B (McCandlish, Kaplan, OpenAI Dota Team, "An
+  Empirical Model of Large-Batch Training", arXiv:1812.06162, eq. 2.11:
+  past the gradient noise scale B_noise a batch needs more examples),
+  least squares of examples on B over the results.
 
-Two results give the four unknowns: their examples give E_min and B_noise
-(one B_noise, infinite, when both ran one batch), their step times
-(minutes x 60 / steps, less the sync) give t0 and t1. The check against
-MLPerf Training v3.0 is in tests/test_planning.py (published.json,
-`mlperf_training_v3_0_h100`).
+The band (`Band`). Inside the measured batches the model interpolates:
+its fit's largest relative residual, at least `BASE` (3%), either way.
+Outside them it extrapolates, and the literature bounds what can happen:
+past the largest measured batch B_hi, the examples lie between the model
+(the noise-scale model, which a well-tuned schedule reaches) and steps no
+fewer than at B_hi, E(B_hi) x B / B_hi (Shallue et al., "Measuring the
+Effects of Data Parallelism on Neural Network Training", arXiv:1811.03600:
+past a point, "maximal data parallelism", more batch buys no fewer
+steps); below the smallest, B_lo, between the model and E(B_lo) (perfect
+scaling: no more examples than at B_lo). The step time likewise: inside
+the measured batches per GPU, `BASE` either way; past the largest, b_hi,
+between t(b_hi) (a larger batch is never faster) and t(b_hi) x b / b_hi (no
+slower per example); below the smallest, between t(b_lo) x b / b_lo and
+t(b_lo). A row whose batch or batch per GPU is outside the measured ones
+is marked extrapolated. The check against MLPerf Training results of
+other rounds, held out of the fit, is in tests/test_planning.py.
 """
 
 import dataclasses
 import math
-from typing import Optional
+from typing import List, Optional, Sequence, Tuple
 
 from planning import collectives, projection
 from planning.systems import System
+
+# The band inside the measured range, either way, at the least.
+BASE = 0.03
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,23 +57,33 @@ class Result:
     def step_seconds(self) -> float:
         return self.minutes * 60 / (self.examples / self.global_batch)
 
+    @property
+    def per_gpu(self) -> float:
+        return self.global_batch / self.gpus
+
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """What two results determine (see the module docstring)."""
+    """What the results determine (see the module docstring)."""
     t0: float
     t1: float
     e_min: float
     b_noise: float
     parameters: float
     gradient_bytes: int
+    batches: Tuple[float, float] = (0.0, math.inf)  # measured B range
+    per_gpu: Tuple[float, float] = (0.0, math.inf)  # measured b range
+    residual: float = 0.0  # the fit's largest relative residual
 
-    def examples(self, global_batch: int) -> float:
+    def examples(self, global_batch: float) -> float:
         return self.e_min * (1 + global_batch / self.b_noise)
+
+    def compute_seconds(self, per_gpu: float) -> float:
+        return self.t0 + per_gpu * self.t1
 
     def step_seconds(self, system: System, gpus: int,
                      global_batch: int, plan=projection.Plan()) -> float:
-        return (self.t0 + global_batch / gpus * self.t1
+        return (self.compute_seconds(global_batch / gpus)
                 + sync(system, gpus, self.parameters, self.gradient_bytes,
                        plan))
 
@@ -64,6 +91,19 @@ class Model:
                 plan=projection.Plan()) -> float:
         return (self.examples(global_batch) / global_batch
                 * self.step_seconds(system, gpus, global_batch, plan) / 60)
+
+
+@dataclasses.dataclass(frozen=True)
+class Band:
+    """A prediction and its band; `extrapolated`: what lies outside the
+    measured range ("batch", "batch per GPU"), empty inside it."""
+    value: float
+    low: float
+    high: float
+    extrapolated: Tuple[str, ...] = ()
+
+    def holds(self, x: float) -> bool:
+        return self.low <= x <= self.high
 
 
 def sync(system: System, gpus: int, parameters: float, gradient_bytes: int,
@@ -79,36 +119,123 @@ def sync(system: System, gpus: int, parameters: float, gradient_bytes: int,
                                      plan.bus_bandwidth, plan.fusion_bytes)
 
 
-def fit(system: System, parameters: float, gradient_bytes: int,
-        a: Result, b: Result, plan=projection.Plan()) -> Model:
-    """The model two results determine.
+def _line(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (xs, ys)."""
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
+    return mean_y - slope * mean_x, slope
+
+
+def fit_results(system: System, parameters: float, gradient_bytes: int,
+                results: Sequence[Result], plan=projection.Plan()) -> Model:
+    """The model two or more results determine.
 
     Raises:
-        ValueError: The results cannot tell the unknowns apart (the same
-            examples per GPU a step, or a batch that needs fewer examples).
+        ValueError: Fewer than two results; results that cannot tell the
+            step's parts apart (one batch per GPU); examples that fall as
+            the batch grows (no noise scale fits).
     """
-    if a.global_batch == b.global_batch or math.isclose(a.examples,
-                                                        b.examples):
-        b_noise, e_min = math.inf, (a.examples + b.examples) / 2
+    if len(results) < 2:
+        raise ValueError("time to train needs two results or more (GPUS:"
+                         "BATCH:MINUTES:EXAMPLES each)")
+    per_gpu = [r.per_gpu for r in results]
+    if max(per_gpu) - min(per_gpu) < 1e-9 * max(per_gpu):
+        raise ValueError("every result ran the same batch per GPU "
+                         f"({per_gpu[0]:g}): the fixed and the per-example "
+                         "parts of a step cannot be told apart")
+    rest = [r.step_seconds - sync(system, r.gpus, parameters, gradient_bytes,
+                                  plan) for r in results]
+    t0, t1 = _line(per_gpu, rest)
+    batches = [r.global_batch for r in results]
+    if max(batches) == min(batches):
+        e_min, b_noise = sum(r.examples for r in results) / len(results), \
+            math.inf
     else:
-        ratio = b.examples / a.examples
-        b_noise = (b.global_batch - ratio * a.global_batch) / (ratio - 1)
-        if b_noise <= 0:
+        e_min, slope = _line(batches, [r.examples for r in results])
+        if slope < 0:
             raise ValueError(
-                "the larger batch needed fewer examples: no noise scale fits "
-                f"({a.global_batch}: {a.examples:.4g}, {b.global_batch}: "
-                f"{b.examples:.4g})")
-        e_min = a.examples / (1 + a.global_batch / b_noise)
-    per_gpu = (a.global_batch / a.gpus, b.global_batch / b.gpus)
-    if math.isclose(*per_gpu):
-        raise ValueError("both results ran the same batch per GPU: the fixed "
-                         "and the per-example parts of a step cannot be told "
-                         "apart")
-    rest = [r.step_seconds - sync(system, r.gpus, parameters,
-                                  gradient_bytes, plan) for r in (a, b)]
-    t1 = (rest[0] - rest[1]) / (per_gpu[0] - per_gpu[1])
-    t0 = rest[0] - per_gpu[0] * t1
-    return Model(t0, t1, e_min, b_noise, parameters, gradient_bytes)
+                "the larger batches needed fewer examples: no noise scale "
+                "fits (" + ", ".join(f"{r.global_batch}: {r.examples:.4g}"
+                                     for r in results) + ")")
+        b_noise = e_min / slope if slope > 0 else math.inf
+    model = Model(t0, t1, e_min, b_noise, parameters, gradient_bytes,
+                  (min(batches), max(batches)), (min(per_gpu), max(per_gpu)))
+    worst = max(max(abs(model.examples(r.global_batch) / r.examples - 1),
+                    abs(model.compute_seconds(r.per_gpu) / step - 1))
+                for r, step in zip(results, rest))
+    return dataclasses.replace(model, residual=worst)
+
+
+def fit(system: System, parameters: float, gradient_bytes: int,
+        a: Result, b: Result, plan=projection.Plan()) -> Model:
+    """The model two results determine (`fit_results`)."""
+    return fit_results(system, parameters, gradient_bytes, [a, b], plan)
+
+
+def examples_band(model: Model, global_batch: float) -> Band:
+    """E(B) and its band (the module docstring)."""
+    value = model.examples(global_batch)
+    low, high = model.batches
+    base = max(BASE, model.residual)
+    if global_batch > high * (1 + 1e-9):
+        steps_flat = model.examples(high) * global_batch / high
+        return Band(value, value * (1 - base), steps_flat * (1 + base),
+                    ("batch",))
+    if global_batch < low * (1 - 1e-9):
+        return Band(value, value * (1 - base),
+                    model.examples(low) * (1 + base), ("batch",))
+    return Band(value, value * (1 - base), value * (1 + base))
+
+
+def compute_band(model: Model, per_gpu: float) -> Band:
+    """A step's compute, t0 + b t1, and its band (the module docstring)."""
+    value = model.compute_seconds(per_gpu)
+    low, high = model.per_gpu
+    base = max(BASE, model.residual)
+    if per_gpu > high * (1 + 1e-9):
+        edge = model.compute_seconds(high)
+        return Band(value, min(value, edge) * (1 - base),
+                    max(value, edge * per_gpu / high) * (1 + base),
+                    ("batch per GPU",))
+    if per_gpu < low * (1 - 1e-9):
+        edge = model.compute_seconds(low)
+        return Band(value, min(value, edge * per_gpu / low) * (1 - base),
+                    max(value, edge) * (1 + base), ("batch per GPU",))
+    return Band(value, value * (1 - base), value * (1 + base))
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """Time to train on `gpus` GPUs at `global_batch`."""
+    gpus: int
+    global_batch: int
+    step: Band        # seconds
+    examples: Band
+    minutes: Band
+    steps: float
+
+    @property
+    def extrapolated(self) -> Tuple[str, ...]:
+        return tuple(dict.fromkeys(self.step.extrapolated
+                                   + self.examples.extrapolated))
+
+
+def predict_row(model: Model, system: System, gpus: int, global_batch: int,
+                plan=projection.Plan()) -> Row:
+    """Minutes to the target, with their band, on `gpus` GPUs at
+    `global_batch`."""
+    wire = sync(system, gpus, model.parameters, model.gradient_bytes, plan)
+    compute = compute_band(model, global_batch / gpus)
+    step = Band(compute.value + wire, compute.low + wire, compute.high + wire,
+                compute.extrapolated)
+    examples = examples_band(model, global_batch)
+    minutes = Band(*(e / global_batch * s / 60 for e, s in (
+        (examples.value, step.value), (examples.low, step.low),
+        (examples.high, step.high))))
+    return Row(gpus, global_batch, step, examples, minutes,
+               examples.value / global_batch)
 
 
 def predict(model: Model, system: System, gpus: int, global_batch: int,
@@ -120,3 +247,15 @@ def predict(model: Model, system: System, gpus: int, global_batch: int,
         return model.minutes(system, gpus, global_batch, plan)
     return (examples / global_batch
             * model.step_seconds(system, gpus, global_batch, plan) / 60)
+
+
+def batches_for(gpus: Sequence[int], *, global_batch: Optional[int] = None,
+                per_gpu: Optional[int] = None) -> List[int]:
+    """The global batch of each GPU count: `global_batch` for all, or
+    `per_gpu` x GPUs."""
+    if (global_batch is None) == (per_gpu is None):
+        raise ValueError("give the batch to train at: --train_batch B (the "
+                         "same global batch on every count) or "
+                         "--train_batch_per_gpu b (B = b x GPUs)")
+    return [global_batch if global_batch is not None else per_gpu * n
+            for n in gpus]

@@ -5,6 +5,7 @@ four benchmarks importing a name that was gone, with no test failing.)"""
 
 import ast
 import importlib
+import importlib.util
 import pathlib
 import runpy
 import sys
@@ -34,8 +35,24 @@ def project_import(module: str) -> bool:
                                     "tests")
 
 
+def defined_names(module: str) -> set:
+    """The names a module's source defines at its top level."""
+    import ast
+    source = importlib.util.find_spec(module).origin
+    names = set()
+    for node in ast.parse(open(source).read()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
 def test_every_name_a_benchmark_imports_exists(path):
+    from absl import flags
     missing = []
     for line, module, name in imports(path):
         if not project_import(module):
@@ -45,11 +62,19 @@ def test_every_name_a_benchmark_imports_exists(path):
         except ImportError as e:
             missing.append(f"{path.name}:{line}: {module}: {e}")
             continue
+        except flags.DuplicateFlagError:
+            # Two entry points' flags in one process (each runs in its
+            # own): the module is there; its names read from its source.
+            if name is not None and name not in defined_names(module):
+                missing.append(f"{path.name}:{line}: {module} has no {name}")
+            continue
         if name is not None and not hasattr(imported, name):
             try:
                 importlib.import_module(f"{module}.{name}")
             except ImportError:
                 missing.append(f"{path.name}:{line}: {module} has no {name}")
+            except flags.DuplicateFlagError:
+                pass  # the submodule is there (its flags, as above)
     assert missing == []
 
 

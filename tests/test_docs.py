@@ -49,7 +49,13 @@ def project_flags() -> set:
                     "noprogress", "noverify", "nodo_train", "bind_all",
                     # XLA's own (XLA_FLAGS).
                     "xla_gpu_autotune_level", "xla_gpu_enable_triton_gemm",
-                    "xla_gpu_per_fusion_autotune_cache_dir"}
+                    "xla_gpu_per_fusion_autotune_cache_dir",
+                    "xla_gpu_enable_cublaslt", "xla_gpu_dot_merger_threshold_mb",
+                    "xla_gpu_enable_command_buffer",
+                    "xla_gpu_fused_attention_use_cudnn_rng",
+                    "xla_gpu_enable_cudnn_fmha",
+                    "xla_enable_command_buffers_during_profiling",
+                    "xla_gpu_enable_scatter_determinism_expander"}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))

@@ -11,7 +11,10 @@ ENTRY_POINTS = {"models/tasks/run_pretraining.py", "models/tasks/export_bert.py"
                 "models/tasks/train_image_classifier.py",
                 "input_pipelines/create_pretraining_data.py",
                 "input_pipelines/build_image_records.py", "input_pipelines/make_demo_images.py",
-                "input_pipelines/make_demo_corpus.py", "input_pipelines/index_records.py"}
+                "input_pipelines/make_demo_corpus.py", "input_pipelines/index_records.py",
+                # The lever runs' job: run_pretraining's flags, read as it
+                # reads them.
+                "benchmarks/lever_worker.py"}
 
 
 def sources(*folders):
