@@ -21,7 +21,15 @@
 # profiled one; the first interval holds tracing and compilation) and the
 # profile's summary land in OUT_DIR.
 set -euo pipefail
-OUT=${1:?usage: bash benchmarks/gpu_bert.sh OUT_DIR}
+case "${1:-}" in
+  -h|--help|"")
+    # The header above is the help: its comment lines, without the '#'.
+    sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0"
+    [ -n "${1:-}" ] && exit 0 || exit 2 ;;
+  -*) echo "gpu_bert.sh: error: unknown option $1 (OUT_DIR is the one argument; settings are environment variables: --help)" >&2
+    exit 2 ;;
+esac
+OUT=$1
 STEPS=${STEPS:-300}; LOOP=${LOOP:-100}; BATCH=${BATCH:-256}
 CONFIG=${BERT_CONFIG:-benchmarks/bert_base.json}; PY=${PYTHON:-python}
 VARIANTS=${VARIANTS:-"mixed_bfloat16:auto mixed_bfloat16:noxla"}

@@ -15,18 +15,15 @@ import argparse
 import statistics
 import time
 
-import keras
-import tensorflow as tf
-
-from benchmarks.scaling_worker import model_and_data
-from tfscale.step.losses import unreduced
-from tfscale.trainer.loop import TrainConfig, Trainer
+# TensorFlow is imported by the functions that use it, after the command
+# line is read: --help answers at once.
 
 
 WORKLOADS = ("bert_tiny", "materials_mlp")
 
 
 def build(strategy, make_model):
+    import keras
     keras.utils.set_random_seed(0)
     with strategy.scope():
         return make_model(), keras.optimizers.Adam(1e-4)
@@ -34,6 +31,8 @@ def build(strategy, make_model):
 
 def minimal_loop(strategy, make_model, loss_fn, dataset_fn, batch_size,
                  steps):
+    import tensorflow as tf
+    from tfscale.step.losses import unreduced
     model, optimizer = build(strategy, make_model)
     iterator = iter(strategy.distribute_datasets_from_function(
         dataset_fn))
@@ -55,19 +54,21 @@ def minimal_loop(strategy, make_model, loss_fn, dataset_fn, batch_size,
     return run
 
 
-class LastReport(keras.callbacks.Callback):
-    """Keeps the step time of the last log interval."""
-
-    def on_interval_end(self, step, numbers):
-        self.step_time = numbers["step_time"]
-
-
 def trainer_loop(strategy, make_model, loss_fn, dataset_fn, batch_size,
                  steps):
     """Steady-state steps/s of `Trainer.fit` from its own report, which
     covers every step of the run (its part-by-part timed steps included)
     but not the iterator set-up and tear-down around `fit` (about a second
     per call here, paid once in a real run)."""
+    import keras
+    from tfscale.trainer.loop import TrainConfig, Trainer
+
+    class LastReport(keras.callbacks.Callback):
+        """Keeps the step time of the last log interval."""
+
+        def on_interval_end(self, step, numbers):
+            self.step_time = numbers["step_time"]
+
     model, optimizer = build(strategy, make_model)
     trainer = Trainer(model=model, optimizer=optimizer, loss_fn=loss_fn,
                       strategy=strategy,
@@ -96,6 +97,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch_size", type=int, default=32)
     args = parser.parse_args()
+    import tensorflow as tf
+    from benchmarks.scaling_worker import model_and_data
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     print(f"{args.steps} steps, global batch {args.batch_size}, median of "
           f"{args.repeats} interleaved repeats, 1 worker (MirroredStrategy)")

@@ -16,6 +16,8 @@ import struct
 import uuid
 from typing import Iterator, List, Sequence
 
+from input_pipelines import extras
+
 RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
@@ -152,7 +154,9 @@ def create_instances(documents, config: InstanceConfig, ids: SpecialIds,
 def build_vocab(lines: Sequence[str], vocab_size: int, lower_case=True) -> list:
     """Learns a WordPiece vocabulary with tensorflow-text."""
     import tensorflow as tf
-    from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
+    bert_vocab_from_dataset = extras.require(
+        "tensorflow_text.tools.wordpiece_vocab.bert_vocab_from_dataset",
+        "text")
     dataset = tf.data.Dataset.from_tensor_slices(
         [line for line in lines if line.strip()]).batch(1000)
     return bert_vocab_from_dataset.bert_vocab_from_dataset(
@@ -183,7 +187,7 @@ TOKENIZE_BATCH = 4096  # sentences per tokenizer call
 
 def _tokenizer(vocab_file: str, lower_case: bool):
     import tensorflow as tf
-    import tensorflow_text as text
+    text = extras.require("tensorflow_text", "text")
     return text.BertTokenizer(vocab_file, lower_case=lower_case,
                               token_out_type=tf.int32)
 

@@ -14,7 +14,7 @@ import json
 import os
 import re
 
-from absl import app, flags
+from absl import flags
 
 from input_pipelines import bert_instances as bi
 
@@ -75,6 +75,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from tfscale.cli import list_flags_in_help
-    list_flags_in_help()
-    app.run(main)
+    # (A missing extra, tensorflow-text for the vocabulary: one line.)
+    from tfscale.cli import run_main
+    run_main("make_demo_corpus", main)

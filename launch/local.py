@@ -286,7 +286,9 @@ def _supervise(config: LaunchConfig, start, interrupted, out) -> int:
             _say(out, f"{who} stopped on an error a restart would repeat "
                       f"(exit {code}){workers.last_words(group, index, code)}"
                       "; stopping the other workers, no restart")
+            group.mute()
             group.stop(config.failure_grace_seconds, sig=signal.SIGTERM)
+            _say_held_back(out, group)
             return code
         if code == PREEMPTED_UNSAVED_EXIT_CODE:
             _say(out, f"{who} was preempted with no checkpoint directory "
@@ -309,12 +311,27 @@ def _supervise(config: LaunchConfig, start, interrupted, out) -> int:
             _say(out, f"{who} failed ({children.describe_exit(code)})"
                       f"{workers.last_words(group, index, code)}; "
                       "stopping the other workers")
+            group.mute()
             group.stop(config.failure_grace_seconds, sig=signal.SIGTERM)
+            _say_held_back(out, group)
         if attempt < config.max_restarts:
             _say(out, f"restart {attempt + 1}/{config.max_restarts}: "
                       f"starting {config.num_workers} workers again (cause: "
                       f"{who} {children.describe_exit(code)})")
     return children.shell_code(code)
+
+
+def _say_held_back(out, group) -> None:
+    """One line for what the other workers printed while they stopped
+    (their errors about the peer they lost), held back by `mute`."""
+    held = group.held_back
+    if not held:
+        return
+    who = sorted({i for i, _ in held if i is not None})
+    names = ", ".join(f"worker {i}" for i in who) or "the other ranks"
+    _say(out, f"{len(held)} line(s) {names} printed while stopping held "
+              f"back (their side of the failure); the last: "
+              f"{held[-1][1].strip()[:200]}")
 
 
 def _pass_on(config: LaunchConfig, group, interrupted: list, out) -> int:

@@ -121,6 +121,8 @@ class MpiGroup:
         self._mpirun_text = []
         self.last_lines = {}  # rank -> its error line (workers.remember)
         self.checkpoints = []  # preemption checkpoints said complete
+        self.held_back = []  # (rank, line) printed after `mute`
+        self._muted = False
         # rank -> the host of an MPI peer it lost (Open MPI's "peer process
         # has unexpectedly disconnected ... Peer host: H"; None when Open MPI
         # said only "Socket closed"): that rank is a victim, though it may
@@ -155,8 +157,16 @@ class MpiGroup:
                     continue
                 line = f"[mpirun] {line}"
             with self._lock:
+                if self._muted:
+                    self.held_back.append((None, line))
+                    continue
                 self._out.write(line + "\n")
                 self._out.flush()
+
+    def mute(self) -> None:
+        """As `workers.ProcessGroup.mute`."""
+        with self._lock:
+            self._muted = True
 
     def first_failure(self):
         """(rank, code) of the failed rank (code < 0: killed by a signal),

@@ -58,6 +58,8 @@ class ProcessGroup:
         self._lock = threading.Lock()
         self.last_lines = {}  # worker index -> its error line (remember)
         self.checkpoints = []  # preemption checkpoints said complete
+        self.held_back = []  # (worker, line) printed after `mute`
+        self._muted = False
         self._exit_order = []  # worker indexes as their processes ended
         self.procs = []
         self._threads = []
@@ -86,8 +88,18 @@ class ProcessGroup:
             remember(self.last_lines, index, line)
             note_checkpoint(self.checkpoints, line)
             with self._lock:
+                if self._muted:
+                    self.held_back.append((index, line))
+                    continue
                 self._out.write(f"[worker {index}] {line}\n")
                 self._out.flush()
+
+    def mute(self) -> None:
+        """From now on the workers' lines are kept in `held_back`, not
+        printed: after a worker failed, its peers' tracebacks about the
+        peer they lost would bury the launcher's line that named it."""
+        with self._lock:
+            self._muted = True
 
     def first_failure(self):
         """(index, code) of the worker that failed first, or None.

@@ -189,6 +189,10 @@ class TransformerLayer(layers.Layer):
             x + self.output_dropout(hidden, training=training))
 
 
+# What the encoder reads (Google's record feature names).
+FEATURES = ("input_ids", "input_mask", "segment_ids")
+
+
 def _dummy_inputs(max_seq_length: int) -> dict:
     return {
         "input_ids": ops.zeros((1, max_seq_length), "int32"),
@@ -252,6 +256,13 @@ class BertEncoder(keras.Model):
                 for i in range(self.config.num_hidden_layers)]
 
     def call(self, inputs, training=False):
+        missing = [k for k in FEATURES if k not in inputs]
+        if missing:
+            raise ValueError(
+                f"the encoder takes Google's features {FEATURES}; these "
+                f"inputs lack {missing} (they hold {sorted(inputs)}; Model "
+                "Garden's input_word_ids, input_mask, input_type_ids are "
+                "input_ids, input_mask, segment_ids)")
         input_ids = inputs["input_ids"]
         length = ops.shape(input_ids)[1]
         if self.scatter_free:

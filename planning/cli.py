@@ -79,9 +79,10 @@ def _measured(text: str) -> List[calibrate.Row]:
     return rows
 
 
-def _number(name, low=None, high=None, *, low_open=False, high_open=False):
+def _number(name, low=None, high=None, *, low_open=False, high_open=False,
+            unit=""):
     """An argparse type: a float in [low, high] (open ends as asked),
-    refused in one line naming the flag."""
+    refused in one line naming the flag and the unit."""
     def parse(text):
         try:
             value = float(text)
@@ -99,7 +100,8 @@ def _number(name, low=None, high=None, *, low_open=False, high_open=False):
             span = (f"{left}{'-inf' if low is None else f'{low:g}'}, "
                     f"{'inf' if high is None else f'{high:g}'}{right}")
             raise argparse.ArgumentTypeError(
-                f"--{name} {text}: must be in {span}")
+                f"--{name} {text}: must be in {span}"
+                + (f" {unit}" if unit else ""))
         return value
     return parse
 
@@ -167,40 +169,46 @@ def _add_system_options(g) -> None:
                    "measured sync (a --summary run on these links)")
     g.add_argument("--algorithm", choices=collectives.ALGORITHMS,
                    default="auto")
-    g.add_argument("--fusion_mb", type=_number("fusion_mb", 0,
+    g.add_argument("--fusion_mb", type=_number("fusion_mb", 0, unit="MB",
                                                low_open=True),
                    default=64.0, help="fused all-reduce buffer, MB")
 
 
 def _add_workload_options(g) -> None:
     """One step of the model, where no run gives it."""
-    g.add_argument("--parameters", type=_number("parameters", 0,
+    g.add_argument("--parameters", type=_number("parameters", 0, unit="parameters",
                                                 low_open=True),
                    help="trainable parameters")
     g.add_argument("--micro_batch", type=int,
                    help="examples per GPU per micro-batch")
     g.add_argument("--accumulation", type=int,
                    help="micro-batches per step")
-    g.add_argument("--micro_ms", type=_number("micro_ms", 0, low_open=True),
+    g.add_argument("--micro_ms", type=_number("micro_ms", 0, low_open=True,
+                                             unit="ms"),
                    help="one micro-batch's forward and backward, ms")
-    g.add_argument("--compute_scale", type=_number("compute_scale", 0,
+    g.add_argument("--compute_scale", type=_number("compute_scale", 0, unit="(a ratio)",
                                                    low_open=True),
                    default=1.0,
                    help="multiplies the micro-batch's and the update's "
                    "time (the target GPU's time over the run's device's)")
     g.add_argument("--gradient_dtype", choices=sorted(DTYPE_BYTES),
                    help="on the wire (default: the run's, else float32)")
-    g.add_argument("--update_ms", type=_number("update_ms", 0),
+    g.add_argument("--update_ms", type=_number("update_ms", 0, unit="ms"),
                    help="the optimizer's update, ms (default: measured, "
                    "else the framework's passes at the GPU's memory "
                    "bandwidth)")
-    g.add_argument("--fixed_ms", type=_number("fixed_ms", 0),
+    g.add_argument("--fixed_ms", type=_number("fixed_ms", 0, unit="ms"),
                    help="per-step time N does not change, ms")
     g.add_argument("--tensors", type=int, help="gradient tensors a step "
                    "reduces (a framework may pay a cost per tensor)")
-    g.add_argument("--jitter", type=_number("jitter", 0, 1),
+    g.add_argument("--jitter", type=_number(
+        "jitter", 0, 1, unit="(a coefficient of variation)"),
                    help="a micro-batch's time's coefficient of variation")
-    g.add_argument("--overlap", type=_number("overlap", 0, 1),
+    g.add_argument("--carry_jitter", action="store_true",
+                   help="keep the run's jitter on another kind of device "
+                   "(a CPU run's onto GPUs); by default it is the system's "
+                   "(0: not measured there)")
+    g.add_argument("--overlap", type=_number("overlap", 0, 1, unit="(a share)"),
                    help="share of the backward pass the sync hides behind "
                    "(default: the framework's; tfscale's step: 0)")
     g.add_argument("--zero1", action="store_true", help="optimizer state "
@@ -211,24 +219,25 @@ def _add_workload_options(g) -> None:
 def _add_target_options(g) -> None:
     """What the run must reach, and what it may cost."""
     g.add_argument("--target_efficiency", type=_number(
-        "target_efficiency", 0, 1, low_open=True, high_open=True),
+        "target_efficiency", 0, 1, low_open=True, high_open=True,
+        unit="(a share)"),
         default=0.9)
-    g.add_argument("--target_steps", type=_number("target_steps", 0,
+    g.add_argument("--target_steps", type=_number("target_steps", 0, unit="steps",
                                                   low_open=True),
                    help="steps the run's target took at --target_batch "
                    "(default: the run's)")
     g.add_argument("--target_batch", type=int,
                    help="global batch of --target_steps")
-    g.add_argument("--noise_scale", type=_number("noise_scale", 0,
+    g.add_argument("--noise_scale", type=_number("noise_scale", 0, unit="examples",
                                                  low_open=True),
                    help="B_noise (default: the run's)")
     g.add_argument("--noise_interval",
                    help="LOW,HIGH of B_noise (HIGH may be 'inf')")
-    g.add_argument("--gpu_hour_price", type=_number("gpu_hour_price", 0,
+    g.add_argument("--gpu_hour_price", type=_number("gpu_hour_price", 0, unit="a GPU-hour",
                                                     low_open=True),
                    help="price of one GPU for an hour: the cost to the "
                    "target per row")
-    g.add_argument("--deadline", type=_number("deadline", 0, low_open=True),
+    g.add_argument("--deadline", type=_number("deadline", 0, low_open=True, unit="hours"),
                    help="hours: the cheapest GPU count that reaches the "
                    "target within them")
 
@@ -255,7 +264,7 @@ def _check_args(args, system) -> None:
 
 def _workload(args, system) -> tuple:
     """(workload, target or None, the run's facts or None)."""
-    facts = from_summary(args.summary) if args.summary else None
+    facts = _summary(args.summary) if args.summary else None
     base = facts.workload if facts else None
     given = {"parameters": args.parameters, "micro_batch": args.micro_batch,
              "accumulation": args.accumulation,
@@ -282,6 +291,10 @@ def _workload(args, system) -> tuple:
         workload = Workload(**given)
     else:
         workload = dataclasses.replace(base, **given)
+    if facts is not None and args.jitter is None and not args.carry_jitter \
+            and _other_device(facts, system):
+        # Noise measured on another kind of device is not this system's.
+        workload = dataclasses.replace(workload, jitter=0.0)
     if args.compute_scale != 1.0:
         workload = dataclasses.replace(
             workload, micro_seconds=workload.micro_seconds * args.compute_scale,
@@ -290,8 +303,36 @@ def _workload(args, system) -> tuple:
     return workload, _target(args, facts), facts
 
 
+def _other_device(facts, system) -> bool:
+    """The run computed on another kind of device than the system's (a CPU
+    run projected onto GPUs)."""
+    on_cpu = "CPU" in system.gpu.upper()
+    return facts.device in ("cpu", "gpu") and (facts.device == "cpu") != on_cpu
+
+
+def _summary(path: str):
+    """The run's facts, or ValueError naming --summary and the file."""
+    try:
+        return from_summary(path)
+    except OSError as e:
+        raise ValueError(f"--summary {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--summary {path}: not a summary.json (not JSON: "
+                         f"{e})") from None
+    except ValueError as e:
+        message = str(e)
+        if message.startswith(path):
+            message = message[len(path):].lstrip(": ")
+        raise ValueError(f"--summary {path}: {message}") from None
+
+
 def _target(args, facts) -> Optional[projection.Target]:
     noise = args.noise_scale or (facts.noise_scale if facts else None)
+    if noise is None and (args.target_steps or args.target_batch):
+        raise ValueError(
+            f"--{'target_steps' if args.target_steps else 'target_batch'} "
+            "needs --noise_scale (or a --summary that measured one): the "
+            "time to the target at other batches comes from the noise scale")
     if noise is None:
         if args.gpu_hour_price and args.deadline:
             raise ValueError("--deadline needs a time to the target: "
@@ -355,6 +396,17 @@ def _calibrated(args, workload, system, plan) -> tuple:
         workload, system, rows[0], rows[1] if len(rows) > 1 else None, plan)
     lines = [f"calibrated: micro-batch {1e3 * workload.micro_seconds:.1f} ms "
              f"from the {rows[0].nodes}-node row"]
+    per_node = [r.throughput / r.nodes for r in rows]
+    for row, rate in zip(rows[1:], per_node[1:]):
+        if rate > per_node[0] * 1.001:
+            lines.append(
+                f"warning: the {row.nodes}-node row is faster a node than "
+                f"the {rows[0].nodes}-node row ({rate:,.1f} against "
+                f"{per_node[0]:,.1f} examples/s): beyond linear scaling, "
+                "which no network gives; the network efficiency it sets is "
+                "capped at 100%. Check each row's accumulation (a larger "
+                "one amortizes the step's fixed costs) and that both rows "
+                "measured the same model and batch")
     if len(rows) > 1:
         efficiency = fitted.network_efficiency
         line = (f"calibrated: network efficiency {efficiency:.1%} of the "
@@ -383,6 +435,7 @@ def assumptions(workload, system, plan, facts, args) -> List[str]:
            f"weights at half of {system.memory_bandwidth / 1e12:.2f} TB/s"
            if plan.framework.update_passes else "inside the compute")
     overlap = projection.overlap(workload, plan)
+    spread = projection.Uncertainty()
     dtype = {v: k for k, v in DTYPE_BYTES.items()}.get(
         workload.gradient_bytes, f"{workload.gradient_bytes} B")
     size = workload.gradient_size
@@ -402,7 +455,36 @@ def assumptions(workload, system, plan, facts, args) -> List[str]:
         f"collectives: {dtype} gradients ({size / 1e6:,.0f} MB a step) in "
         f"{collectives.buffers(size, plan.fusion_bytes)} buffer(s) of "
         f"{plan.fusion_bytes / 1e6:g} MB, algorithm {plan.algorithm}, "
-        f"ZeRO-1 {'on' if plan.zero1 else 'off'}"]
+        f"ZeRO-1 {'on' if plan.zero1 else 'off'}; latency "
+        f"{1e6 * system.intra_latency:.3g} us a hop inside a node, "
+        f"{1e6 * system.nic_latency:.3g} us a hop between nodes, "
+        f"{1e6 * system.base_latency:.3g} us a collective",
+        f"NIC Gb/s: the line rate a node needs for "
+        f"{args.target_efficiency:.0%} weak-scaling efficiency "
+        "(--target_efficiency)",
+        f"band: compute +-{spread.compute:.0%}, network efficiency "
+        f"+-{spread.network:.0%}, jitter x or / {spread.jitter_factor:g}"
+        + (", the noise scale's interval" if args.noise_scale or (
+            facts and facts.noise_scale) else "")]
+    if args.gpu_hour_price:
+        lines.append(f"cost: GPUs x hours to the target x "
+                     f"{args.gpu_hour_price:g} a GPU-hour "
+                     "(--gpu_hour_price, in its currency)")
+    if facts is not None and _other_device(facts, system):
+        lines.append(
+            f"jitter: {workload.jitter:.3g} " + (
+                f"(the run's, measured on a {facts.device.upper()}: "
+                "--carry_jitter)" if args.carry_jitter else
+                "(--jitter)" if args.jitter is not None else
+                f"(the run's {facts.workload.jitter:.3g} was measured on a "
+                f"{facts.device.upper()} and is not carried onto this "
+                "system, whose own is not measured; --carry_jitter keeps "
+                "it)"))
+    if facts is not None and facts.loaded:
+        lines.append(
+            f"warning: the run's host was loaded (load average "
+            f"{facts.host_load[0]:.1f} on {facts.host_load[1]} cores at its "
+            "end): its timings hold other work")
     if facts is not None and facts.device == "cpu" and \
             args.compute_scale == 1.0 and "CPU" not in system.gpu.upper():
         lines.append(

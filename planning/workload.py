@@ -101,6 +101,14 @@ class RunFacts:
     noise_interval: Optional[Tuple[float, Optional[float]]]
     backend: str
     device: str = "?"  # "cpu" or "gpu": what the run computed on
+    # (1-minute load average, cores) of the run's host at its end, or None
+    host_load: Optional[Tuple[float, int]] = None
+
+    @property
+    def loaded(self) -> bool:
+        """The host ran more than it had cores for: its timings hold other
+        work."""
+        return bool(self.host_load) and self.host_load[0] > self.host_load[1]
 
 
 def from_summary(path: str) -> RunFacts:
@@ -151,7 +159,14 @@ def from_summary(path: str) -> RunFacts:
                     noise.get("b_simple"),
                     tuple(interval) if interval else None,
                     summary.get("backend", "?"),
-                    (summary.get("device") or {}).get("kind", "?"))
+                    (summary.get("device") or {}).get("kind", "?"),
+                    _host_load(summary.get("host")))
+
+
+def _host_load(host) -> Optional[Tuple[float, int]]:
+    if not host or host.get("load_average") is None:
+        return None
+    return float(host["load_average"]), int(host.get("cores") or 1)
 
 
 def _mean(rows, name):

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import pathlib
 import runpy
+import subprocess
 import sys
 
 import pytest
@@ -97,3 +98,13 @@ def test_the_check_finds_a_name_that_is_gone(tmp_path):
     assert found == [("tfscale.step.train_step", "unreduced")]
     module = importlib.import_module("tfscale.step.train_step")
     assert not hasattr(module, "unreduced")
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "benchmarks").glob("*.sh")),
+                         ids=lambda p: p.stem)
+def test_every_shell_benchmark_answers_help(path, tmp_path):
+    done = subprocess.run(["bash", str(path), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert f"bash benchmarks/{path.name}" in done.stdout
+    assert list(tmp_path.iterdir()) == []  # it ran nothing

@@ -242,3 +242,14 @@ def test_recomputed_activations_give_the_same_gradients_and_masks():
         np.testing.assert_array_equal(a, b)
     for a, b in zip(plain_states, again_states):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_encoder_names_the_features_it_takes():
+    """Model Garden's feature names are refused in a line that names
+    Google's, which the encoder takes (docs/checkpoints.md)."""
+    encoder = bert.make_encoder(tiny(), 32)
+    ids = np.ones((2, 32), "int32")
+    with pytest.raises(ValueError, match=r"lack \['input_ids', 'segment_ids'"
+                       r"\].*Model Garden's input_word_ids"):
+        encoder({"input_word_ids": ids, "input_mask": ids,
+                 "input_type_ids": ids * 0})

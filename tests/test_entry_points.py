@@ -154,3 +154,25 @@ def test_a_missing_extra_is_one_line_naming_it(corpus, tmp_path):  # noqa: F811
         assert f"tfscale's [{extra}] extra: pip install \".[{extra}]\"" in \
             lines[-1], (extra, lines[-3:])
         assert done.stdout.strip() == "", done.stdout  # no table first
+
+
+def test_the_demo_corpus_without_the_text_extra_is_one_line(tmp_path):
+    """`python -m input_pipelines.make_demo_corpus` where tensorflow-text
+    is missing (its `[text]` extra not installed): one line naming the
+    extra, exit 2, no traceback."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "tensorflow_text.py").write_text(
+        "raise ImportError(\"No module named 'tensorflow_text'\")\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "input_pipelines.make_demo_corpus",
+         f"--output_dir={tmp_path / 'corpus'}"], cwd=REPO,
+        capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONPATH=f"{hidden}:{REPO}",
+                 TF_CPP_MIN_LOG_LEVEL="3"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "make_demo_corpus: error: tensorflow_text.tools.wordpiece_vocab."
+        "bert_vocab_from_dataset is not installed; it comes with tfscale's "
+        "[text] extra: pip install \".[text]\" in the checkout")

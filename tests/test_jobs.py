@@ -112,9 +112,14 @@ def test_a_task_of_ones_own_trains_resumes_and_evaluates(tmp_path, capsys):
         "steps" in printed
     assert "toy_job done\n  steps 4" in printed
 
-    # Longer: resumes at step 4 and trains 2 more.
+    # Longer: resumes at step 4 and trains 2 more, saying the schedule
+    # grew.
     longer = Toy(toy_config(tmp_path, steps=6))
     assert jobs.run(longer)["steps"] == 6 and longer.counter.batches == 2
+    said = capsys.readouterr().out
+    assert ("the checkpoint's run: global batch 16, learning rate 0.1, "
+            "schedule steps 4; this run: global batch 16, learning rate 0.1, "
+            "schedule steps 6") in said, said
     # Evaluating only: the latest checkpoint's weights and step.
     again = jobs.run(Toy(toy_config(tmp_path, steps=6, do_train=False)))
     assert again["steps"] == 6 and again["checkpoint"].endswith("ckpt-6")

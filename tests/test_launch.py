@@ -451,3 +451,30 @@ def test_help_explains_every_option_with_its_default():
             continue
         assert action.help, action.dest
         assert "default" in action.help or action.required, action.dest
+
+
+NOISY_SURVIVOR = (
+    "import os, signal, sys, time\n"
+    "if os.environ['TFSCALE_WORKER_INDEX'] == '1':\n"
+    "    time.sleep(1); print('worker 1: the real error', flush=True)\n"
+    "    sys.exit(5)\n"
+    "def lost(*_):\n"
+    "    for i in range(60):\n"
+    "        print(f'grpc traceback line {i}', flush=True)\n"
+    "    sys.exit(1)\n"
+    "signal.signal(signal.SIGTERM, lost)\n"
+    "while True: time.sleep(0.1)\n")
+
+
+def test_a_failures_line_is_not_buried_under_its_peers_tracebacks():
+    """Worker 1 fails; worker 0, stopped, prints 60 lines about the peer
+    it lost: held back, one line says so, the launcher's line stays the
+    last word about the failure."""
+    code, output = run_command(
+        [sys.executable, "-m", "launch.local", "--num_workers", "2", "--",
+         sys.executable, "-c", NOISY_SURVIVOR], timeout=60)
+    assert code == 5, output
+    assert "worker 1 failed (exit code 5): worker 1: the real error" in output
+    assert "grpc traceback line 3" not in output
+    assert ("60 line(s) worker 0 printed while stopping held back (their "
+            "side of the failure); the last: grpc traceback line 59") in output

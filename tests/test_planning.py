@@ -317,7 +317,9 @@ def test_the_command_prints_a_table_json_and_a_plot(tmp_path, capsys):
                  "float32 gradients", "buffer(s) of 64 MB",
                  "algorithm auto", "ZeRO-1 off"):
         assert said in head, (said, head)
-    assert len(printed.splitlines()) == 4 + 1 + 3
+    # The system, framework, workload, collectives, NIC and band lines,
+    # the table's head and its 3 rows.
+    assert len(printed.splitlines()) == 6 + 1 + 3
     assert (tmp_path / "plan.png").stat().st_size > 0
     assert cli.main(args + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
@@ -332,7 +334,11 @@ WORK = ["--parameters", "110e6", "--micro_batch", "32", "--micro_ms", "80"]
     (["--micro_batch", "8"], "without --summary, --parameters, --micro_ms "
      "(or --measured) must be given"),
     (["--system", "dgx-z"], "--system 'dgx-z': not a preset"),
-    (["--summary", "/nonexistent/summary.json"], "No such file"),
+    (["--summary", "/nonexistent/summary.json"],
+     "--summary /nonexistent/summary.json: No such file or directory"),
+    (WORK + ["--micro_ms", "-5"], "--micro_ms -5: must be in (0, inf] ms"),
+    (WORK + ["--target_steps", "100"], "--target_steps needs --noise_scale "
+     "(or a --summary that measured one)"),
     (WORK + ["--jitter", "-0.5"], "--jitter -0.5: must be in [0, 1]"),
     (WORK + ["--target_efficiency", "1.5"],
      "--target_efficiency 1.5: must be in (0, 1)"),
@@ -348,7 +354,8 @@ WORK = ["--parameters", "110e6", "--micro_batch", "32", "--micro_ms", "80"]
 ])
 def test_bad_input_is_one_line(args, message, capsys):
     with pytest.raises(SystemExit) if message.startswith(
-            ("--jitter", "--target_eff", "--fusion", "--measured")) else \
+            ("--jitter", "--target_eff", "--fusion", "--measured",
+             "--micro_ms")) else \
             _returns(2) as done:
         done.value = cli.main(args)
     err = capsys.readouterr().err
@@ -500,3 +507,73 @@ def test_a_measured_sweep_becomes_the_systems_network(tmp_path, capsys):
     path.write_text(json.dumps({"sizes": sizes}))
     assert cli.main(WORK + ["--link", str(path)]) == 2
     assert f"{path}: no ['ranks', 'seconds']" in capsys.readouterr().err
+
+
+def cpu_summary(tmp_path, load=None):
+    """A CPU run's summary.json whose intervals vary (jitter 0.2)."""
+    intervals = [{"first": False, "steps": 25, "compute": 0.05, "sync": 0.02,
+                  "update": 0.01, "input_wait": 0.0, "step_time": t,
+                  "timed_step_time": t} for t in (0.06, 0.08, 0.1, 0.08)]
+    summary = {"parameters": 4.4e6, "num_accumulation_steps": 1,
+               "global_batch_size": 64, "replicas": 2, "steps": 300,
+               "device": {"kind": "cpu", "name": "x86_64"},
+               "intervals": intervals}
+    if load is not None:
+        summary["host"] = {"load_average": load, "cores": 2}
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    return str(path)
+
+
+def test_a_cpus_jitter_is_not_carried_onto_gpus_unless_asked(tmp_path,
+                                                             capsys):
+    path = cpu_summary(tmp_path)
+    assert cli.main(["--summary", path, "--gpus", "8,64", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["workload"]["jitter"] == 0.0
+    assert ("jitter: 0 (the run's 0.204 was measured on a CPU and is not "
+            "carried onto this system, whose own is not measured; "
+            "--carry_jitter keeps it)") in plan["assumptions"], \
+        plan["assumptions"]
+    assert cli.main(["--summary", path, "--gpus", "8,64", "--json",
+                     "--carry_jitter"]) == 0
+    kept = json.loads(capsys.readouterr().out)
+    assert kept["workload"]["jitter"] == pytest.approx(0.204, abs=1e-3)
+    assert kept["rows"][1]["split"]["straggler"] > \
+        plan["rows"][1]["split"]["straggler"]
+
+
+def test_a_loaded_hosts_run_is_named_as_such(tmp_path, capsys):
+    assert cli.main(["--summary", cpu_summary(tmp_path, load=3.1),
+                     "--gpus", "8"]) == 0
+    assert ("warning: the run's host was loaded (load average 3.1 on 2 cores "
+            "at its end): its timings hold other work") in \
+        capsys.readouterr().out
+    assert cli.main(["--summary", cpu_summary(tmp_path, load=0.9),
+                     "--gpus", "8"]) == 0
+    assert "was loaded" not in capsys.readouterr().out
+
+
+def test_the_header_holds_every_assumption_with_its_unit(capsys):
+    assert cli.main(WORK + ["--gpus", "8,16", "--noise_scale", "500",
+                            "--target_steps", "1000", "--target_batch", "256",
+                            "--gpu_hour_price", "2.5", "--json"]) == 0
+    said = "\n".join(json.loads(capsys.readouterr().out)["assumptions"])
+    for text in ("latency 3.4 us a hop inside a node, 14 us a hop between "
+                 "nodes, 8.4 us a collective",
+                 "NIC Gb/s: the line rate a node needs for 90% weak-scaling "
+                 "efficiency (--target_efficiency)",
+                 "band: compute +-3%, network efficiency +-20%, jitter x or "
+                 "/ 2, the noise scale's interval",
+                 "cost: GPUs x hours to the target x 2.5 a GPU-hour"):
+        assert text in said, said
+
+
+def test_a_measured_row_beyond_linear_scaling_is_said(capsys):
+    assert cli.main(["--parameters", "336e6", "--micro_batch", "312",
+                     "--gradient_dtype", "float16", "--system", "dgx-a100",
+                     "--measured", "1:3803.82:32,2:7800:16", "--gpus",
+                     "8,16"]) == 0
+    assert ("warning: the 2-node row is faster a node than the 1-node row "
+            "(3,900.0 against 3,803.8 examples/s): beyond linear scaling") \
+        in capsys.readouterr().out

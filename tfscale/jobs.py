@@ -271,8 +271,11 @@ def run(task: Task) -> dict:
         model=built.model, optimizer=optimizer, loss_fn=built.loss_fn,
         strategy=strategy, metrics=list(built.metrics),
         cluster=config.cluster, train=config.train)
-    if built.optimizer is None:  # compared on a resume (`resume/position.py`)
+    # Compared on a resume (`resume/position.py`): a resumed run with
+    # another rate or schedule length says so.
+    if built.optimizer is None:
         trainer.position.settings["learning rate"] = config.optim.learning_rate
+    trainer.position.settings["schedule steps"] = config.optim.total_steps
     speaks = info.is_chief and config.train.verbose > 0
     if speaks:
         print(job_lines.before(task, info, trainer, built, xla, xla_why),
@@ -488,6 +491,10 @@ def run_results(trainer: Trainer, info, backend: str, wall_seconds: float,
     """What summary.json holds about the training part of a run."""
     return {"steps": int(trainer.step.numpy()),
             "device": device_kind(trainer.strategy),
+            # Timings from a loaded host carry its other work (tfscale-plan
+            # says so).
+            "host": {"load_average": os.getloadavg()[0],
+                     "cores": os.cpu_count()},
             "gradient_tensors": len(trainer.model.trainable_variables),
             "global_batch_size": trainer.config.global_batch_size,
             "num_accumulation_steps": trainer.config.num_accumulation_steps,
