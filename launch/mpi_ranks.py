@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import List, Mapping, Optional, Sequence
 
 from launch import children, workers

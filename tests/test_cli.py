@@ -56,3 +56,11 @@ def test_a_finished_job_leaves_at_once_with_everything_flushed(tmp_path):
         assert target.read_text() == "written by the job\n"
         if config == "crash":
             assert output.rstrip().endswith("prog: error: RuntimeError: boom")
+
+
+def test_an_uncaught_setting_error_exits_with_the_launchers_code():
+    """tfscale.errors sits below the cluster package: its exit code for an
+    uncaught ConfigError is the contract's, written twice, kept equal."""
+    from tfscale import errors
+    from tfscale.cluster import contract
+    assert errors.CONFIG_ERROR_EXIT_CODE == contract.CONFIG_ERROR_EXIT_CODE

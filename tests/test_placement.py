@@ -12,7 +12,6 @@ on the wrong device.
 """
 
 import json
-import os
 import sys
 
 import keras

@@ -90,6 +90,25 @@ def test_a_preemption_exits_143_once_its_checkpoint_is_complete(
     assert f"{contract.CHECKPOINT_COMPLETE} {path} (step 3, SIGTERM)" in said
 
 
+def signalling(trainer, served: list, at: int):
+    """An evaluation dataset_fn of 40 batches that sends this process
+    SIGTERM as it serves batch `at` (`served` counts them)."""
+    x, y = data()
+
+    def count(value):
+        served.append(1)
+        if len(served) == at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return value
+
+    def dataset_fn(context):
+        batches = tf.data.Dataset.from_tensor_slices((x, y)).repeat(5)
+        batches = batches.batch(trainer.per_replica_batch_size)
+        return batches.map(lambda a, b: (tf.ensure_shape(tf.numpy_function(
+            count, [a], tf.float32, stateful=True), a.shape), b))
+    return dataset_fn
+
+
 def test_a_sigterm_during_validation_stops_after_the_batch_and_saves(
         tmp_path):
     """Validation of 40 batches, the signal during its 3rd: the evaluation
@@ -97,22 +116,9 @@ def test_a_sigterm_during_validation_stops_after_the_batch_and_saves(
     trainer = make_trainer(checkpoint_dir=str(tmp_path / "ckpt"))
     x, y = data()
     served = []
-
-    def count(value):
-        served.append(1)
-        if len(served) == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return value
-
-    def validation_fn(context):
-        batches = tf.data.Dataset.from_tensor_slices((x, y)).repeat(5)
-        batches = batches.batch(trainer.per_replica_batch_size)
-        return batches.map(lambda a, b: (tf.ensure_shape(tf.numpy_function(
-            count, [a], tf.float32, stateful=True), a.shape), b))
-
     with pytest.raises(Preempted) as raised:
         trainer.fit(x, y, batch_size=8, epochs=2,
-                    validation_data=validation_fn)
+                    validation_data=signalling(trainer, served, 3))
     assert raised.value.step == 8  # epoch 1's 8 steps, then its validation
     # The batch in flight and the prefetched ones, not the 40.
     assert 3 <= len(served) < 15, len(served)
@@ -124,21 +130,8 @@ def test_a_sigterm_during_evaluate_is_taken_between_batches(tmp_path):
     x, y = data()
     trainer.fit(x, y, batch_size=8, epochs=1)
     served = []
-
-    def count(value):
-        served.append(1)
-        if len(served) == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return value
-
-    def evaluation_fn(context):
-        batches = tf.data.Dataset.from_tensor_slices((x, y)).repeat(5)
-        batches = batches.batch(trainer.per_replica_batch_size)
-        return batches.map(lambda a, b: (tf.ensure_shape(tf.numpy_function(
-            count, [a], tf.float32, stateful=True), a.shape), b))
-
     with pytest.raises(Preempted) as raised:
-        trainer.evaluate(evaluation_fn)
+        trainer.evaluate(signalling(trainer, served, 2))
     # Nothing trained since the fit's final save: that checkpoint is the run.
     assert raised.value.step == 8 and raised.value.saved
     assert raised.value.checkpoint.endswith("ckpt-8")

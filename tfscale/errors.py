@@ -60,34 +60,38 @@ class ConfigError(ValueError):
         exits_2_uncaught()
 
 
-_MARK = "_tfscale_setting_errors"
+def chain_excepthook(mark: str, make_hook) -> None:
+    """Installs `make_hook(previous hook)` as `sys.excepthook`, once per
+    `mark`; not in an interactive session (a REPL calls the hook for every
+    error typed at the prompt)."""
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return
+    if getattr(sys.excepthook, mark, False):
+        return
+    hook = make_hook(sys.excepthook)
+    setattr(hook, mark, True)
+    sys.excepthook = hook
 
 
 def exits_2_uncaught() -> None:
     """Makes an uncaught `ConfigError` end the process with exit code 2
     after Python's traceback and a line; other errors are left to the hook
-    before. (Not in an interactive session; installed once.)"""
-    if hasattr(sys, "ps1") or sys.flags.interactive:
-        return
-    if getattr(sys.excepthook, _MARK, False):
-        return
-    previous = sys.excepthook
-
-    def hook(kind, value, traceback):
-        if not issubclass(kind, ConfigError):
-            return previous(kind, value, traceback)
-        previous(kind, value, traceback)
-        sys.stderr.write(f"tfscale: error: {value} (a setting: exit "
-                         f"{CONFIG_ERROR_EXIT_CODE}, not restarted)\n")
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(CONFIG_ERROR_EXIT_CODE)
-
-    setattr(hook, _MARK, True)
-    sys.excepthook = hook
+    before (installed once)."""
+    def make_hook(previous):
+        def hook(kind, value, traceback):
+            if not issubclass(kind, ConfigError):
+                return previous(kind, value, traceback)
+            previous(kind, value, traceback)
+            sys.stderr.write(f"tfscale: error: {value} (a setting: exit "
+                             f"{CONFIG_ERROR_EXIT_CODE}, not restarted)\n")
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(CONFIG_ERROR_EXIT_CODE)
+        return hook
+    chain_excepthook("_tfscale_setting_errors", make_hook)
 
 
 class MissingExtra(ImportError):

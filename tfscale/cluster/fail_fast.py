@@ -30,7 +30,7 @@ import sys
 
 from tfscale.cluster.contract import (CONFIG_ERROR_EXIT_CODE,
                                       PREEMPTED_EXIT_CODE)
-from tfscale.errors import ConfigError
+from tfscale.errors import ConfigError, chain_excepthook
 
 # Marks the hook this module installed, so installing twice is a no-op.
 _MARK = "_tfscale_fail_fast"
@@ -93,25 +93,20 @@ def install(who: str, abort=None) -> None:
         abort: `fn(code)` that ends the job (MPI: `comm.Abort`); None:
             this process leaves with `os._exit`.
     """
-    if hasattr(sys, "ps1") or sys.flags.interactive:
-        return
-    if getattr(sys.excepthook, _MARK, False):
-        return
-    previous = sys.excepthook
-
-    def hook(kind, value, traceback):
-        previous(kind, value, traceback)
-        peers = failed_peers(value, who)
-        lost = f" (lost peer: {', '.join(peers)})" if peers else ""
-        sys.stderr.write(f"tfscale: {who} failed: {error_line(kind, value)}"
-                         f"{lost}; ending the job\n")
-        # A setting a restart would meet again: the code launchers do not
-        # restart.
-        end(CONFIG_ERROR_EXIT_CODE if issubclass(kind, ConfigError) else 1,
-            abort)
-
-    setattr(hook, _MARK, True)
-    sys.excepthook = hook
+    def make_hook(previous):
+        def hook(kind, value, traceback):
+            previous(kind, value, traceback)
+            peers = failed_peers(value, who)
+            lost = f" (lost peer: {', '.join(peers)})" if peers else ""
+            sys.stderr.write(f"tfscale: {who} failed: "
+                             f"{error_line(kind, value)}{lost}; ending the "
+                             "job\n")
+            # A setting a restart would meet again: the code launchers do
+            # not restart.
+            end(CONFIG_ERROR_EXIT_CODE if issubclass(kind, ConfigError)
+                else 1, abort)
+        return hook
+    chain_excepthook(_MARK, make_hook)
 
 
 def end(code: int, abort=None) -> None:
