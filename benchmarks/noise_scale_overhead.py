@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 
 from benchmarks.scaling_worker import model_and_data
-from benchmarks.trainer_overhead import LastReport
+from benchmarks.trainer_overhead import last_report
 from tfscale.noise.scale import NoiseScaleConfig
 from tfscale.trainer.loop import TrainConfig, Trainer
 
@@ -39,7 +39,7 @@ def trainer_run(strategy, workload, mode, batch_size, accumulation):
                            num_accumulation_steps=accumulation,
                            verbose=0, log_steps=10**9,
                            noise_scale=NoiseScaleConfig(mode=mode)))
-    report = LastReport()
+    report = last_report()
 
     def run(steps):
         trainer.fit(dataset_fn, steps_per_epoch=steps, callbacks=[report])

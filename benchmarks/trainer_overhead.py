@@ -54,27 +54,30 @@ def minimal_loop(strategy, make_model, loss_fn, dataset_fn, batch_size,
     return run
 
 
+def last_report():
+    """A Keras callback that keeps the step time (`.step_time`) of the
+    Trainer's last log interval."""
+    import keras
+
+    class LastReport(keras.callbacks.Callback):
+        def on_interval_end(self, step, numbers):
+            self.step_time = numbers["step_time"]
+    return LastReport()
+
+
 def trainer_loop(strategy, make_model, loss_fn, dataset_fn, batch_size,
                  steps):
     """Steady-state steps/s of `Trainer.fit` from its own report, which
     covers every step of the run (its part-by-part timed steps included)
     but not the iterator set-up and tear-down around `fit` (about a second
     per call here, paid once in a real run)."""
-    import keras
     from tfscale.trainer.loop import TrainConfig, Trainer
-
-    class LastReport(keras.callbacks.Callback):
-        """Keeps the step time of the last log interval."""
-
-        def on_interval_end(self, step, numbers):
-            self.step_time = numbers["step_time"]
-
     model, optimizer = build(strategy, make_model)
     trainer = Trainer(model=model, optimizer=optimizer, loss_fn=loss_fn,
                       strategy=strategy,
                       config=TrainConfig(global_batch_size=batch_size,
                                          log_steps=steps, verbose=0))
-    report = LastReport()
+    report = last_report()
 
     def run(n):
         trainer.fit(dataset_fn, steps_per_epoch=n,

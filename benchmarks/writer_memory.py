@@ -23,8 +23,8 @@ sys.path.insert(0, REPO)
 
 
 def write_corpus(path: str, megabytes: float) -> int:
-    from input_pipelines import make_demo_corpus
-    documents = make_demo_corpus.corpus_documents()
+    from input_pipelines import demo_corpus
+    documents = demo_corpus.corpus_documents()
     size, copy = 0, 0
     with open(path, "w", encoding="utf-8") as f:
         while size < megabytes * (1 << 20):
@@ -73,8 +73,8 @@ def main():
     vocab = os.path.join(work, "vocab.txt")
     if not os.path.exists(vocab):
         from input_pipelines import bert_instances as bi
-        from input_pipelines import make_demo_corpus
-        lines = [s for d in make_demo_corpus.corpus_documents() for s in d]
+        from input_pipelines import demo_corpus
+        lines = [s for d in demo_corpus.corpus_documents() for s in d]
         with open(vocab, "w", encoding="utf-8") as f:
             f.write("\n".join(bi.build_vocab(lines, 4000)) + "\n")
     print(f"{'input MB':>9} {'peak RSS MB':>12} {'seconds':>8} "

@@ -12,45 +12,15 @@ with that vocab's size.
 
 import json
 import os
-import re
 
 from absl import flags
 
 from input_pipelines import bert_instances as bi
+from input_pipelines.demo_corpus import corpus_documents, tiny_bert_config
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", "runs/demo/corpus", "Where to write.")
 flags.DEFINE_integer("vocab_size", 4000, "WordPiece vocab size to learn.")
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
-
-
-def corpus_documents() -> list:
-    """Help topics -> documents (lists of sentences)."""
-    from pydoc_data.topics import topics
-    documents = []
-    for name in sorted(topics):
-        sentences = []
-        for paragraph in re.split(r"\n\s*\n", topics[name]):
-            text = " ".join(line.strip() for line in paragraph.splitlines())
-            text = re.sub(r"\s+", " ", text).strip()
-            if len(text) < 20 or text.startswith(("*", "=", "-")):
-                continue
-            sentences.extend(s for s in _SENTENCE_END.split(text) if len(s) > 3)
-        if len(sentences) >= 2:
-            documents.append(sentences)
-    return documents
-
-
-def tiny_bert_config(vocab_size: int) -> dict:
-    """Google's bert_config.json keys for BERT-tiny (2 layers, 128 hidden)."""
-    return {"vocab_size": vocab_size, "hidden_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 2,
-            "intermediate_size": 512, "hidden_act": "gelu",
-            "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
-            "max_position_embeddings": 512, "type_vocab_size": 2,
-            "initializer_range": 0.02}
-
 
 def main(argv):
     del argv

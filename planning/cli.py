@@ -470,7 +470,17 @@ def assumptions(workload, system, plan, facts, args) -> List[str]:
         lines.append(f"cost: GPUs x hours to the target x "
                      f"{args.gpu_hour_price:g} a GPU-hour "
                      "(--gpu_hour_price, in its currency)")
-    if facts is not None and _other_device(facts, system):
+    return lines + measured_run_notes(workload, system, facts, args)
+
+
+def measured_run_notes(workload, system, facts, args) -> List[str]:
+    """What the header says of a measured run (--summary) taken onto
+    `system`: a jitter not carried across device kinds, a loaded host, a
+    CPU's compute."""
+    lines = []
+    if facts is None:
+        return lines
+    if _other_device(facts, system):
         lines.append(
             f"jitter: {workload.jitter:.3g} " + (
                 f"(the run's, measured on a {facts.device.upper()}: "
@@ -480,13 +490,13 @@ def assumptions(workload, system, plan, facts, args) -> List[str]:
                 f"{facts.device.upper()} and is not carried onto this "
                 "system, whose own is not measured; --carry_jitter keeps "
                 "it)"))
-    if facts is not None and facts.loaded:
+    if facts.loaded:
         lines.append(
             f"warning: the run's host was loaded (load average "
             f"{facts.host_load[0]:.1f} on {facts.host_load[1]} cores at its "
             "end): its timings hold other work")
-    if facts is not None and facts.device == "cpu" and \
-            args.compute_scale == 1.0 and "CPU" not in system.gpu.upper():
+    if (facts.device == "cpu" and args.compute_scale == 1.0
+            and "CPU" not in system.gpu.upper()):
         lines.append(
             f"warning: the run's compute was measured on a CPU (its "
             f"summary.json); it is projected onto {system.gpu} as it is: "

@@ -110,9 +110,9 @@ def corpus(tmp_path_factory):
     copy them first)."""
     import json
 
-    from input_pipelines import make_demo_corpus
+    from input_pipelines import demo_corpus
     root = tmp_path_factory.mktemp("corpus")
-    documents = make_demo_corpus.corpus_documents()[:30]
+    documents = demo_corpus.corpus_documents()[:30]
     (root / "corpus.txt").write_text(
         "\n\n".join("\n".join(d) for d in documents) + "\n")
     code, output = run_command(
@@ -123,6 +123,6 @@ def corpus(tmp_path_factory):
          "--max_predictions_per_seq=5", "--dupe_factor=2"], timeout=300)
     assert code == 0, output
     vocab_size = sum(1 for _ in open(root / "vocab.txt"))
-    config = make_demo_corpus.tiny_bert_config(-(-vocab_size // 8) * 8)
+    config = demo_corpus.tiny_bert_config(-(-vocab_size // 8) * 8)
     (root / "bert_config.json").write_text(json.dumps(config))
     return root
