@@ -20,7 +20,10 @@ from tfscale.optim.lamb import Lamb
 from tfscale.step.feed import BatchSizeError
 from tfscale.trainer.loop import TrainConfig, Trainer
 
-TINY = bert_config.preset("bert_tiny", vocab_size=128)
+# One layer: the levers act on the step, not the depth (each trainer here
+# compiles its programs with XLA, the cost of these tests).
+TINY = bert_config.preset("bert_tiny", vocab_size=128, num_hidden_layers=1,
+                          hidden_size=64, intermediate_size=128)
 
 
 def bert_trainer(device="/cpu:0", steps_per_launch=1, devices=None,

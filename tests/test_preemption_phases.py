@@ -325,7 +325,11 @@ def test_a_second_ctrl_c_stops_the_launcher_and_its_workers_at_once(
         assert line, "launcher ended early"
         ready += "ready" in line
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.3)  # a person's double Ctrl-C
+    # A person's double Ctrl-C, the second once the first is taken (two
+    # sent before the launcher runs are one pending signal).
+    while "SIGINT: passing it to all workers" not in line:
+        line = proc.stdout.readline()
+        assert line, "launcher ended early"
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=20)  # the grace is 30 s
     assert proc.returncode == 130, output
@@ -334,10 +338,16 @@ def test_a_second_ctrl_c_stops_the_launcher_and_its_workers_at_once(
     assert processes_mentioning(marker) == [] and not os.path.exists(marker)
 
 
-SECOND_CTRL_C = ("import sys, time\n"
+SECOND_CTRL_C = ("import signal, sys, time\n"
+                 # A terminal's foreground job (a background one, as this
+                 # test's may be, ignores SIGINT, and so would this).
+                 "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
                  "from tfscale.resume.preemption import SignalWatch\n"
-                 "with SignalWatch():\n"
+                 "with SignalWatch() as watch:\n"
                  "    print('ready', flush=True)\n"
+                 "    while not watch.requested:\n"
+                 "        time.sleep(0.01)\n"
+                 "    print('first seen', flush=True)\n"
                  "    time.sleep(60)\n"
                  "    open(sys.argv[1], 'w').close()\n")
 
@@ -348,11 +358,16 @@ def test_a_second_ctrl_c_ends_a_worker_at_once(tmp_path):
                             cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
-    assert "ready" in proc.stdout.readline()
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=30)
+    try:
+        assert "ready" in proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        # (Two signals sent before the process runs are one: the kernel
+        # keeps one pending SIGINT.)
+        assert "first seen" in proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
     assert proc.returncode == 130, output
     assert "tfscale: a second Ctrl-C: stopped at once" in output
     assert not os.path.exists(marker)

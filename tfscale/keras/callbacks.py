@@ -31,6 +31,28 @@ def continue_tensorboard_steps(callbacks, step: int) -> None:
 
 
 @shim
+def tensorboard_records_at(callbacks, step: int) -> None:
+    """Makes Keras's TensorBoard callbacks that write per batch record the
+    call that ended at `step` by that step, as their `on_train_batch_end`
+    is about to.
+
+    Keras 3.15 decides whether a batch's summaries are recorded in
+    `on_train_batch_begin`, from its step count then (`_push_writer`'s
+    `record_if(step % update_freq == 0)`): for a call of several steps,
+    the call's first step, so `batch_loss` would be written only when a
+    call happened to start on a multiple of `update_freq`. Here the
+    writer is pushed again at the call's last step.
+    """
+    for callback in callbacks:
+        if (isinstance(callback, keras.callbacks.TensorBoard)
+                and callback.update_freq != "epoch"
+                and callback._prev_summary_state):
+            callback._global_train_batch = step
+            callback._pop_writer()
+            callback._push_writer(callback._train_writer, step)
+
+
+@shim
 def tensorboard_writers(callback) -> list:
     """The summary writers a `keras.callbacks.TensorBoard` has opened.
 

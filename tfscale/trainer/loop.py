@@ -33,7 +33,8 @@ from tfscale.trainer import evaluation
 from tfscale.keras import fit_arguments
 from tfscale.trainer import memory
 from tfscale.trainer import parts as trainer_parts
-from tfscale.keras.callbacks import continue_tensorboard_steps
+from tfscale.keras.callbacks import (continue_tensorboard_steps,
+                                     tensorboard_records_at)
 from tfscale.cluster.contract import CHECKPOINT_COMPLETE
 from tfscale.resume import preemption
 from tfscale.resume.preemption import Preempted, SignalWatch
@@ -428,6 +429,9 @@ class Trainer:
             self._count(result)
             step += result.steps
             batch += result.steps
+            # Its summaries are the call's last step's (recorded when that
+            # step is a multiple of TensorBoard's update_freq).
+            tensorboard_records_at(callback_list.callbacks, step)
             loss_total += sum(result.losses)
             seen += result.steps
             # As in Keras's fit ("loss": the epoch's running mean); the
@@ -442,7 +446,6 @@ class Trainer:
                     self._log(line)
             # Batch callbacks run once per call, with the last step's index
             # (as Keras's fit does with steps_per_execution).
-            continue_tensorboard_steps(callback_list.callbacks, step)
             callback_list.on_train_batch_end(batch - 1, logs)
             if self._after_call(result, step, watch):
                 # Set on some worker during the previous call: all stop here.

@@ -130,6 +130,7 @@ def report(callbacks, step: int, numbers: dict) -> None:
         if (isinstance(callback, keras.callbacks.TensorBoard)
                 and callback.update_freq != "epoch"):
             writer = _compat_callbacks.tensorboard_train_writer(callback)
-            with writer.as_default(step=step):
+            # Every interval, whatever the callback's update_freq records.
+            with writer.as_default(step=step), tf.summary.record_if(True):
                 for name, value in scalars.items():
                     tf.summary.scalar(f"batch_{name}", value)
