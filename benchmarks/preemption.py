@@ -183,13 +183,15 @@ def phases(args, root: str, pattern: str) -> None:
              "| phase | exit code | signal -> checkpoint complete (s) | "
              "signal -> every worker gone (s) | first call (s) |",
              "|---|---:|---:|---:|---:|"]
+    def seconds(row, key):
+        return "-" if key not in row else f"{row[key]:.1f}"
+
     for row in rows:
-        complete = row.get("signal_to_complete_seconds")
         lines.append(
             f"| {row['phase']} | {row['exit_code']} | "
-            f"{'-' if complete is None else f'{complete:.1f}'} | "
-            f"{row.get('signal_to_exit_seconds', float('nan')):.1f} | "
-            f"{row.get('first_call_seconds', float('nan')):.1f} |")
+            f"{seconds(row, 'signal_to_complete_seconds')} | "
+            f"{seconds(row, 'signal_to_exit_seconds')} | "
+            f"{seconds(row, 'first_call_seconds')} |")
     report = "\n".join(lines) + "\n"
     with open(os.path.join(root, "phases.md"), "w") as f:
         f.write(report)
