@@ -101,13 +101,25 @@ def worker_job(args, out: str, gates: str, model: str, lever: str,
     return Job(name, command, out, env)
 
 
+def run_waves(parallel: int) -> list:
+    """The runs, (model, lever) each once, in waves of at most `parallel`
+    (BERT-base's levers, then BERT-large's two runs together)."""
+    base = [("base", lever) for lever in LEVERS]
+    large = [("large", "default"), ("large", "all")]
+    return [base[i:i + parallel]
+            for i in range(0, len(base), parallel)] + [large]
+
+
 def run_wave(jobs, gates: str, timeout: float) -> dict:
     """Starts `jobs`, waits until each is at its gate (or ended), then
     opens the gates one at a time. {name: result or the exit}."""
+    path = lambda job, ending: os.path.join(gates, job.name + ending)  # noqa: E731
     for job in jobs:
+        for ending in (".ready", ".go", ".json", ".done"):
+            if os.path.exists(path(job, ending)):  # (a run before this one)
+                os.remove(path(job, ending))
         job.start()
     deadline = time.monotonic() + timeout
-    path = lambda job, ending: os.path.join(gates, job.name + ending)  # noqa: E731
     while time.monotonic() < deadline and any(
             job.running() and not os.path.exists(path(job, ".ready"))
             for job in jobs):
@@ -150,11 +162,8 @@ def main(args, out: str) -> int:
     configs = model_configs(args, out)
     gates = os.path.join(out, "gates")
     os.makedirs(gates, exist_ok=True)
-    plan = [("base", lever) for lever in LEVERS] + [("large", "default"),
-                                                    ("large", "all")]
-    waves = [plan[i:i + args.parallel] for i in range(0, len(LEVERS),
-                                                      args.parallel)]
-    waves.append(plan[len(LEVERS):])
+    waves = run_waves(args.parallel)
+    plan = [run for wave in waves for run in wave]
     results = {}
     for wave in waves:
         jobs = [worker_job(args, out, gates, model, lever, configs[model],

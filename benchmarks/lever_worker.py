@@ -5,7 +5,9 @@ r"""One run of `benchmarks/gpu_levers.py`: the BERT job with a gate.
 
 `run_pretraining.py`'s job (its flags, records, model, Trainer) with one
 callback more: once past `--gate_after_steps` (tracing, compilation,
-autotuning done) it writes `NAME.ready` and waits for `NAME.go`, which the
+autotuning done) and past the first launch of `--steps_per_launch` steps
+(compiled at its first call, whenever the call sizes reach it), it writes
+`NAME.ready` and waits for `NAME.go`, which the
 orchestrator writes when no other run compiles or is timed; then it times
 the calls that cover `--timed_steps` steps (the wall time between the
 ends of whole calls, the device's work included: each call ends with a
@@ -41,7 +43,7 @@ def _gate_callback(trainer, path, warmup, timed, profile):
                 tf.profiler.experimental.stop()
                 self._write(profiled_steps=step - self.profiling)
                 os._exit(0)
-            if self.start is None and step >= warmup:
+            if self.start is None and step >= warmup and trainer.launch_ran:
                 open(path + ".ready", "w").close()
                 while not os.path.exists(path + ".go"):
                     time.sleep(0.05)

@@ -108,3 +108,17 @@ def test_every_shell_benchmark_answers_help(path, tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"bash benchmarks/{path.name}" in done.stdout
     assert list(tmp_path.iterdir()) == []  # it ran nothing
+
+
+@pytest.mark.parametrize("parallel", [1, 3, 4, 7, 9])
+def test_the_lever_runs_are_each_timed_once(parallel):
+    """Every (model, lever) in exactly one wave, none larger than
+    `parallel` but BERT-large's pair: a run twice would leave its gate
+    open for the second, timed while the others compile."""
+    from benchmarks import gpu_levers
+    waves = gpu_levers.run_waves(parallel)
+    runs = [run for wave in waves for run in wave]
+    expected = ([("base", lever) for lever in gpu_levers.LEVERS]
+                + [("large", "default"), ("large", "all")])
+    assert sorted(runs) == sorted(expected)
+    assert all(len(wave) <= max(parallel, 2) for wave in waves)

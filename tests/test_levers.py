@@ -17,6 +17,7 @@ from benchmarks.step_calls import make_data
 from models import bert, bert_config, elementwise
 from tfscale.errors import ConfigError
 from tfscale.optim.lamb import Lamb
+from tfscale.resume.preemption import SignalWatch
 from tfscale.step.feed import BatchSizeError
 from tfscale.trainer.loop import TrainConfig, Trainer
 
@@ -86,6 +87,47 @@ def test_every_steps_batch_is_checked_inside_a_launch():
             lambda t: t[:5], (x, y)))).repeat()
     with pytest.raises(BatchSizeError):
         trainer.fit(lambda context: short, steps_per_epoch=12, epochs=1)
+
+
+def test_a_signal_while_the_first_launch_compiles_ends_the_worker_at_once(
+        monkeypatch, tmp_path):
+    """XLA compiles the K-step program in the first call that launches
+    one (minutes for BERT on a GPU): that call is armed like a fit's first
+    call (a signal ends the process at once, the run being what is on
+    disk), with a line that names the steps the restart runs again; its
+    time is kept out of the pace; no later call is armed."""
+    armed = []
+
+    def record(watch, say):
+        armed.append(None if say is None else say.keywords["phase"])
+        if say is not None:
+            armed.append(say("SIGTERM"))
+        watch._state.at_once = say
+
+    monkeypatch.setattr(SignalWatch, "exit_at_once", record)
+    trainer = bert_trainer(steps_per_launch=3, steps_per_execution=9,
+                           log_steps=9, max_call_seconds=60,
+                           checkpoint_dir=str(tmp_path / "ckpt"))
+    assert not trainer.launch_ran
+    trainer.fit(lambda context: make_data(8, 16, 4, 128), steps_per_epoch=27,
+                epochs=1)
+    assert trainer.launch_ran
+    phases = [a for a in armed if not isinstance(a, tuple)]
+    lines = [a for a in armed if isinstance(a, tuple)]
+    launch = "compiling its 3-step launch"
+    assert phases[0] == "restoring, tracing, compiling"
+    assert phases.count(launch) == 1
+    assert all(p is None for p in phases[phases.index(launch) + 1:])
+    first, compiling = lines
+    assert first == ("tfscale: worker 0: SIGTERM before step 1's call ended "
+                     "(restoring, tracing, compiling): nothing trained since "
+                     "the run's start; exiting at once with code 143", 143)
+    # Calls of 1, 1, 2 and 2 steps before it (the pace, far from its
+    # bound, doubles the steps a call measured, one call late).
+    assert compiling == ("tfscale: worker 0: SIGTERM before step 7's call "
+                         "ended (compiling its 3-step launch): steps 1-6 not "
+                         "saved (the restart runs them again from the run's "
+                         "start); exiting at once with code 143", 143)
 
 
 def test_k_steps_a_launch_need_the_step_to_be_one_program():

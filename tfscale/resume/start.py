@@ -297,6 +297,11 @@ class Saver:
         self.restored = path
 
     @property
+    def saved_step(self) -> Optional[int]:
+        """The step of the run's latest checkpoint on disk (None: none)."""
+        return self._saved_step
+
+    @property
     def on_disk(self) -> Optional[str]:
         """The checkpoint of the run's latest saved step: the last one
         written, else the one restored."""

@@ -18,6 +18,7 @@ starts and what a save writes: `resume/start.py`; where the run is:
 to a person: `console.py`.
 """
 
+import functools
 import shutil
 import tempfile
 import time
@@ -140,6 +141,16 @@ class Trainer:
         self._fitted = False
         # Steps were trained in this process (a preemption saves them).
         self._trained = False
+        # A launch of K steps (`steps_per_launch`) has run: its program,
+        # compiled at its first call, is ready.
+        self._launch_ran = config.steps_per_launch <= 1
+
+    @property
+    def launch_ran(self) -> bool:
+        """Whether every program of the step has run once in this
+        process: with `steps_per_launch` K > 1, whether a launch of K steps
+        has (XLA compiles it at its first call); always True for K = 1."""
+        return self._launch_ran
 
     @property
     def optimizer_state_bytes(self) -> int:
@@ -301,7 +312,8 @@ class Trainer:
         self._interval.start_fit()
         # Until the first call ends (the restore, tracing, compiling), no
         # step changes what is on disk: a signal ends the process at once.
-        watch.exit_at_once(self._nothing_trained_yet)
+        watch.exit_at_once(functools.partial(
+            self._exit_at_once_line, phase="restoring, tracing, compiling"))
         start = self._fit_start.start(dataset_fn, callback_list,
                                       steps_per_epoch=steps_per_epoch,
                                       initial_epoch=initial_epoch)
@@ -339,19 +351,29 @@ class Trainer:
             self._leave_preempted(watch)
         return self.model.history
 
-    def _nothing_trained_yet(self, signal_name: str) -> tuple:
-        """(line, exit code) of a signal before the first call of a fit
-        ended: what is on disk is the run, nothing to save."""
+    def _exit_at_once_line(self, signal_name: str, phase: str) -> tuple:
+        """(line, exit code) of a signal while a call compiles (the first
+        call of a fit; with `steps_per_launch`, the first launch): the
+        process ends at once, and the run is what is on disk. Steps trained
+        since the last checkpoint (a few: calls grow from one step) run
+        again on restart, to the same weights."""
         saved = self._saver.enabled
         code = (preemption.INTERRUPTED_EXIT_CODE if signal_name == "SIGINT"
                 else preemption.PREEMPTED_EXIT_CODE if saved
                 else preemption.PREEMPTED_UNSAVED_EXIT_CODE)
-        since = (self._saver.on_disk or "the run's start") if saved else (
-            "the start: no checkpoint directory, nothing to resume from")
+        taken = self.position.steps_taken
+        if not saved:
+            what = ("nothing saved: no checkpoint directory, nothing to "
+                    "resume from")
+        else:
+            since = self._saver.on_disk or "the run's start"
+            saved_step = self._saver.saved_step or 0
+            what = (f"nothing trained since {since}" if taken == saved_step
+                    else f"steps {saved_step + 1}-{taken} not saved (the "
+                    f"restart runs them again from {since})")
         return (f"tfscale: worker {self.worker_index}: {signal_name} before "
-                f"step {self.position.steps_taken + 1}'s call ended "
-                "(restoring, tracing, compiling): nothing trained since "
-                f"{since}; exiting at once with code {code}", code)
+                f"step {taken + 1}'s call ended ({phase}): {what}; exiting "
+                f"at once with code {code}", code)
 
     def evaluate(self, x=None, y=None, batch_size: Optional[int] = None,
                  steps: Optional[int] = None, sample_weight=None) -> dict:
@@ -542,15 +564,26 @@ class Trainer:
             # before a boundary (a log, a checkpoint, the epoch's end).
             count -= count % launch
         part_by_part = plan.part_by_part(first, most)
+        first_launch = (not self._launch_ran and not part_by_part
+                        and count >= launch)
+        if first_launch:
+            # XLA compiles the launch's program in this call (minutes for
+            # BERT on a GPU), with the main thread inside TensorFlow: as in
+            # a fit's first call, a signal ends the process at once.
+            watch.exit_at_once(functools.partial(
+                self._exit_at_once_line,
+                phase=f"compiling its {launch}-step launch"))
         signals = [float(bool(self.model.stop_training)),
                    float(watch.requested), self._pace.proposal()]
         started = time.perf_counter()
         result = self._train_step.run(first, count, feed.iterator, signals,
                                       self.timer, part_by_part)
-        # The first call has ended: from here a signal is acted on at the
-        # next call's first step, with a save.
+        # The first call (and launch) has ended: from here a signal is
+        # acted on at the next call's first step, with a save.
         watch.exit_at_once(None)
-        if not part_by_part:
+        self._launch_ran = self._launch_ran or first_launch
+        if not part_by_part and not first_launch:
+            # (A compiling call's time says nothing of the step's.)
             self._pace.observe(result.steps, time.perf_counter() - started)
         self._pace.agree(result.pace)
         return result
