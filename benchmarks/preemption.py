@@ -192,8 +192,13 @@ def phases(args, root: str, pattern: str) -> None:
             f"{seconds(row, 'signal_to_complete_seconds')} | "
             f"{seconds(row, 'signal_to_exit_seconds')} | "
             f"{seconds(row, 'first_call_seconds')} |")
+    write_report(root, "phases.md", lines)
+
+
+def write_report(root: str, name: str, lines) -> None:
+    """The table's lines into `root/name`, and on stdout."""
     report = "\n".join(lines) + "\n"
-    with open(os.path.join(root, "phases.md"), "w") as f:
+    with open(os.path.join(root, name), "w") as f:
         f.write(report)
     print(report)
 
@@ -273,10 +278,7 @@ def main():
         lines.append(f"| {row['steps_per_call']} | {row['max_call_seconds']:g}"
                      f" | {row['saved_step']} | {seconds:.1f} | "
                      f"{seconds / row['step_seconds']:.0f} |")
-    report = "\n".join(lines) + "\n"
-    with open(os.path.join(root, "report.md"), "w") as f:
-        f.write(report)
-    print(report)
+    write_report(root, "report.md", lines)
 
 
 if __name__ == "__main__":

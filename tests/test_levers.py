@@ -89,8 +89,9 @@ def test_every_steps_batch_is_checked_inside_a_launch():
         trainer.fit(lambda context: short, steps_per_epoch=12, epochs=1)
 
 
+@pytest.mark.parametrize("device", ["/cpu:0", "/gpu:0"])
 def test_a_signal_while_the_first_launch_compiles_ends_the_worker_at_once(
-        monkeypatch, tmp_path):
+        device, monkeypatch, tmp_path):
     """XLA compiles the K-step program in the first call that launches
     one (minutes for BERT on a GPU): that call is armed like a fit's first
     call (a signal ends the process at once, the run being what is on
@@ -105,7 +106,7 @@ def test_a_signal_while_the_first_launch_compiles_ends_the_worker_at_once(
         watch._state.at_once = say
 
     monkeypatch.setattr(SignalWatch, "exit_at_once", record)
-    trainer = bert_trainer(steps_per_launch=3, steps_per_execution=9,
+    trainer = bert_trainer(device, steps_per_launch=3, steps_per_execution=9,
                            log_steps=9, max_call_seconds=60,
                            checkpoint_dir=str(tmp_path / "ckpt"))
     assert not trainer.launch_ran
