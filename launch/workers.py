@@ -2,7 +2,8 @@
 
 `ProcessGroup` runs one process per worker with its output prefixed by the
 worker index; it reports the worker that failed first (in time, not by
-index), signals all of them and stops them with a grace period. Each
+index; the peer a worker says its collective lost before the worker that
+lost it), signals all of them and stops them with a grace period. Each
 worker's last error line is kept (`remember`) so that the launcher can say
 why an attempt ended (`last_words`), and so is the preemption checkpoint a
 worker says is complete (`reported_checkpoint`), so that a worker killed
@@ -34,6 +35,12 @@ class WorkerSpec:
     env: Mapping[str, str]
 
 POLL_SECONDS = 0.1
+# How long a worker that lost a peer waits for that peer's exit to be
+# seen before the launcher names the worker itself (`_culprit`).
+PEER_SECONDS = 2.0
+# tfscale's exit line for a collective that lost its peer
+# (`tfscale.cluster.fail_fast.install`): "(lost peer: worker 1)".
+LOST_PEER = re.compile(r"\(lost peer: worker (\d+)")
 
 
 def thread_env(threads_per_worker: Optional[int]) -> dict:
@@ -114,8 +121,31 @@ class ProcessGroup:
             code = self.procs[index].returncode
             if code != 0:
                 self._threads[index].join(timeout=2)  # its last words
-                return index, code
+                return self._culprit(index, code)
         return None
+
+    def _culprit(self, index: int, code: int):
+        """(index, code) of the worker whose failure ended the attempt.
+
+        A worker whose collective lost a peer leaves at once (`os._exit`
+        after its line "... (lost peer: worker N); ending the job"), within
+        milliseconds of that peer's death; on a loaded host its exit can be
+        seen first. When the peer it names has failed too (within
+        `PEER_SECONDS`), the peer is the cause.
+        """
+        _, line = self.last_lines.get(index, (False, ""))
+        named = LOST_PEER.search(line)
+        peer = int(named.group(1)) if named else -1
+        if not 0 <= peer < len(self.procs) or peer == index:
+            return index, code
+        try:
+            peer_code = self.procs[peer].wait(timeout=PEER_SECONDS)
+        except subprocess.TimeoutExpired:
+            return index, code
+        if peer_code == 0:
+            return index, code
+        self._threads[peer].join(timeout=2)
+        return peer, peer_code
 
     def all_done(self) -> bool:
         return all(p.poll() is not None for p in self.procs)

@@ -109,19 +109,28 @@ def bus_factor(system: System, nodes: int, algorithm: str = "auto") -> float:
 def fit_link(sizes: Sequence[float], seconds: Sequence[float],
              ranks: int) -> Tuple[float, float]:
     """(latency seconds, bus bandwidth bytes/s) of a measured all-reduce size
-    sweep among `ranks` processes, by least squares on
-    `seconds = latency + 2 (R - 1) / R x size / bandwidth`."""
+    sweep among `ranks` processes, fitted to
+    `seconds = latency + 2 (R - 1) / R x size / bandwidth`.
+
+    Least squares on relative errors (each time weighted by its inverse
+    square): a sweep's times span orders of magnitude and their noise grows
+    with them, so unweighted, 1% of the largest size's time would outweigh
+    the latency the small sizes show."""
     if len(sizes) < 2 or len(sizes) != len(seconds):
         raise ValueError("a link fit needs two or more (size, seconds) pairs")
+    if min(seconds) <= 0:
+        raise ValueError("a link fit needs times above zero")
     factor = 2 * (ranks - 1) / ranks
     xs = [factor * s for s in sizes]
-    n = len(xs)
-    mean_x, mean_y = sum(xs) / n, sum(seconds) / n
-    sxx = sum((x - mean_x) ** 2 for x in xs)
+    weights = [1.0 / (y * y) for y in seconds]
+    total = sum(weights)
+    mean_x = sum(w * x for w, x in zip(weights, xs)) / total
+    mean_y = sum(w * y for w, y in zip(weights, seconds)) / total
+    sxx = sum(w * (x - mean_x) ** 2 for w, x in zip(weights, xs))
     if sxx == 0:
         raise ValueError("a link fit needs two or more distinct sizes")
-    slope = sum((x - mean_x) * (y - mean_y)
-                for x, y in zip(xs, seconds)) / sxx
+    slope = sum(w * (x - mean_x) * (y - mean_y)
+                for w, x, y in zip(weights, xs, seconds)) / sxx
     if slope <= 0:
         raise ValueError("the sweep's time does not grow with size: no "
                          "bandwidth to fit")

@@ -181,7 +181,7 @@ def test_an_unreachable_dispatcher_fails_within_the_timeout():
     start = time.monotonic()
     with pytest.raises(service.ServiceError) as raised:
         service.check_reachable(config)
-    assert 1.5 <= time.monotonic() - start < 4
+    assert 1.5 <= time.monotonic() - start < 10  # the timeout, not retries
     assert str(raised.value) == (
         f"no tf.data service dispatcher answers at localhost:{port} within "
         "1.5 s (connection refused; --connect_timeout)")

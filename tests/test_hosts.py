@@ -222,5 +222,6 @@ def test_the_link_probe_recovers_a_shaped_links_latency_and_bandwidth(
     assert bandwidth == pytest.approx(160e6 / 8, rel=0.25), bandwidth
     if delayed:
         assert latency == pytest.approx(4 * 2e-3, rel=0.25), latency
-    else:  # no delay to find: the transport's own, well under a shaped one
-        assert 0 <= latency < 4e-3, latency
+    else:  # no delay to find: the transport's own, below the 25% band
+        # around the 8 ms a shaped link shows (6-10 ms)
+        assert 0 <= latency < 6e-3, latency

@@ -413,6 +413,28 @@ def test_a_rank_that_aborts_on_a_lost_peer_is_called_a_victim():
         assert workers.last_words(group, index, code) == f": {expected}"
 
 
+def test_a_worker_that_lost_its_peer_is_not_named_as_the_cause():
+    """Worker 1 is killed; worker 0's collective loses it and worker 0
+    leaves at once with tfscale's line naming the peer. On a loaded host the
+    launcher can see worker 0's exit first (here it comes 0.5 s first): the
+    launcher still names worker 1, and restarts on its cause."""
+    script = (
+        "import os, signal, sys, time\n"
+        "if os.environ['TFSCALE_WORKER_INDEX'] == '1':\n"
+        "    time.sleep(1.5); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(1)\n"
+        "print('tfscale: worker 0 failed: UnavailableError: Collective ops "
+        "is aborted by: recvmsg:Connection reset by peer (lost peer: worker "
+        "1); ending the job', flush=True)\n"
+        "sys.exit(1)\n")
+    code, output = run_command(
+        [sys.executable, "-m", "launch.local", "--num_workers", "2", "--",
+         sys.executable, "-c", script], timeout=60)
+    assert code == 137, output
+    assert "worker 1 failed (killed by SIGKILL)" in output, output
+    assert "worker 0 failed (" not in output, output
+
+
 def test_after_a_failure_the_others_get_sigterm_and_time_to_finish_a_write(
         tmp_path):
     # Worker 1 fails; worker 0 is writing a file when the launcher stops
