@@ -39,7 +39,7 @@ from launch import children, gpus, mpi_ranks, ports, workers
 from tfscale.cluster.contract import (CONFIG_ERROR_EXIT_CODE,
                                       PREEMPTED_EXIT_CODE,
                                       PREEMPTED_UNSAVED_EXIT_CODE,
-                                      seconds_problem)
+                                      SHARED_GPUS_ENV, seconds_problem)
 
 
 def worker_specs(command: Sequence[str], num_workers: int,
@@ -230,7 +230,8 @@ def _starter(config: LaunchConfig, command, base_env, out, worker_ports):
         # Every worker sees every GPU of the host, each taking memory as
         # it needs it (several processes on one GPU: a test of a
         # multi-worker layout on a one-GPU machine).
-        base_env = dict(base_env, TF_FORCE_GPU_ALLOW_GROWTH="true")
+        base_env = dict(base_env, TF_FORCE_GPU_ALLOW_GROWTH="true",
+                        **{SHARED_GPUS_ENV: "1"})
     bind = not config.share_gpus and (
         config.bind_gpus or config.gpus_per_worker is not None)
     host_gpus = gpus.host_gpus(base_env) if bind else []
@@ -461,11 +462,12 @@ def _add_gpu_options(group) -> None:
                             "nvidia-smi -L or CUDA_VISIBLE_DEVICES)")
     group.add_argument("--share_gpus", action="store_true",
                        help="every worker sees every GPU of the host, with "
-                            "TF_FORCE_GPU_ALLOW_GROWTH=true (several "
-                            "workers on one GPU, e.g. to try a multi-worker "
-                            "layout on a one-GPU machine; MWMS needs "
-                            "--all_reduce_alg=ring there: NCCL refuses two "
-                            "ranks on one GPU) (default: off)")
+                            "TF_FORCE_GPU_ALLOW_GROWTH=true and "
+                            f"{SHARED_GPUS_ENV}=1 (several workers on one "
+                            "GPU, e.g. to try a multi-worker layout on a "
+                            "one-GPU machine; their all-reduce takes the "
+                            "gRPC ring under --all_reduce_alg=auto: NCCL "
+                            "refuses two ranks on one GPU) (default: off)")
 
 
 def _add_data_service_options(group) -> None:

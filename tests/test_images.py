@@ -454,6 +454,9 @@ def test_resnet50_trains_on_two_workers_fed_by_a_data_service(records,
                      r"linear from batch 256\)", output), output[-5000:]
     assert "label smoothing 0.1" in output
     assert "workers 2 (tf_config), replicas 2, global batch 16" in output
+    # TensorFlow's AUTO is the ring; tfscale names what it chose (NCCL only
+    # where each replica has a GPU of its own).
+    assert ", all-reduce ring (auto)" in output
     summary = json.loads((out / "summary.json").read_text())
     losses = [row["interval_loss"] for row in summary["intervals"]]
     # (20 steps of ResNet-50 from scratch on 19 images in the service's

@@ -12,6 +12,7 @@ on the wrong device.
 """
 
 import json
+import os
 import sys
 
 import keras
@@ -22,9 +23,11 @@ from tensorflow.python.distribute import collective_all_reduce_strategy
 
 from launch import gpus as launch_gpus
 from launch import local
-from tests.conftest import run_command
-from tfscale.cluster import devices, placement, strategies
+from tests.conftest import REPO, run_command
+from tfscale.cluster import all_reduce_impl, devices, placement, strategies
+from tfscale.cluster.contract import SHARED_GPUS_ENV
 from tfscale.cluster.environment import ClusterConfig, resolve_cluster
+from tfscale.errors import ConfigError
 from tfscale.trainer.loop import TrainConfig, Trainer
 
 HOST_GPUS = 4
@@ -70,7 +73,8 @@ class RecordingMwms:
         RecordingMwms.made.append(cluster_resolver)
         self.cluster_resolver = cluster_resolver
         self.extended = type("Extended", (), {
-            "worker_devices": tensorflow_devices(cluster_resolver)})()
+            "worker_devices": tensorflow_devices(cluster_resolver),
+            "_communication_options": communication_options})()
 
     def run(self, fn):
         return fn()
@@ -270,3 +274,124 @@ def test_keras_fit_on_many_replicas_checks_before_training(monkeypatch):
     with pytest.raises(placement.PlacementError,
                        match=r"^worker 0 sees 2 GPUs \(GPU:0, GPU:1\) but"):
         model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0)
+
+
+# The all-reduce's implementation (`tfscale/cluster/all_reduce_impl.py`):
+# TensorFlow 2.21's AUTO is the gRPC ring on GPUs too, so tfscale picks.
+
+@pytest.mark.parametrize("env,alg,expected", [
+    # Each worker its own GPU (launch.local's default binding): NCCL.
+    ({"CUDA_VISIBLE_DEVICES": "0"}, "auto", "NCCL"),
+    ({"CUDA_VISIBLE_DEVICES": "2,3"}, "auto", "NCCL"),
+    # --share_gpus: the ring.
+    ({"CUDA_VISIBLE_DEVICES": "0", SHARED_GPUS_ENV: "1"}, "auto", "RING"),
+    # No GPU: the ring.
+    ({"CUDA_VISIBLE_DEVICES": ""}, "auto", "RING"),
+    ({"CUDA_VISIBLE_DEVICES": "0"}, "ring", "RING"),
+    ({"CUDA_VISIBLE_DEVICES": "0"}, "nccl", "NCCL")])
+def test_make_strategy_picks_nccl_where_each_replica_has_its_own_gpu(
+        monkeypatch, env, alg, expected):
+    cuda_listing(monkeypatch, env)
+    for name in ("CUDA_VISIBLE_DEVICES", SHARED_GPUS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy",
+                        RecordingMwms)
+    strategy = strategies.make_strategy(
+        two_worker_info(), ClusterConfig(all_reduce_alg=alg))
+    options = strategy.extended._communication_options
+    assert options.implementation.name == expected
+    said = all_reduce_impl.describe(strategy, ClusterConfig(
+        all_reduce_alg=alg))
+    assert said == expected.lower() + (" (auto)" if alg == "auto" else "")
+
+
+def test_nccl_where_it_cannot_run_is_one_line_naming_the_worker():
+    for ids, env, problem in (
+            ((), {}, "it sees no GPU"),
+            (("h/cuda:0",), {SHARED_GPUS_ENV: "1"},
+             "its launcher shares the host's GPUs"),
+            (("h/cuda:0", "h/cuda:0"), {},
+             "it holds two replicas on h/cuda:0")):
+        with pytest.raises(ConfigError, match=(
+                f"^--all_reduce_alg=nccl: worker 1: {problem}")):
+            all_reduce_impl.choose("nccl", ids, env, "worker 1")
+        choice = all_reduce_impl.choose("auto", ids, env, "worker 1")
+        assert choice.implementation == "ring"
+        assert choice.why.startswith(f"auto: {problem}")
+
+
+def test_gpu_ids_name_the_cuda_devices_behind_the_logical_ones(monkeypatch):
+    cuda_listing(monkeypatch, {"CUDA_VISIBLE_DEVICES": "1,3"})
+    assert all_reduce_impl.gpu_ids({"CUDA_VISIBLE_DEVICES": "1,3"}, "h") == (
+        "h/cuda:1", "h/cuda:3")
+    cuda_listing(monkeypatch, {})
+    assert all_reduce_impl.gpu_ids({}, "h") == tuple(
+        f"h/cuda:{i}" for i in range(HOST_GPUS))
+    # One GPU split in two logical devices: two replicas on one GPU.
+    fake = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    monkeypatch.setattr(tf.config, "get_visible_devices",
+                        lambda device_type=None: [fake])
+    monkeypatch.setattr(
+        tf.config, "get_logical_device_configuration",
+        lambda device: [tf.config.LogicalDeviceConfiguration(1024)] * 2)
+    assert all_reduce_impl.gpu_ids({"CUDA_VISIBLE_DEVICES": "GPU-ab"},
+                                   "h") == ("h/cuda:GPU-ab",) * 2
+    assert all_reduce_impl.shared_gpu({0: ["a/cuda:0"], 1: ["b/cuda:0"]}) \
+        is None
+    assert all_reduce_impl.shared_gpu(
+        {0: ["a/cuda:0", "a/cuda:1"], 2: ["a/cuda:1"]}) == ("a/cuda:1", (0, 2))
+
+
+NCCL_PEERS = """
+import json, sys
+from tfscale.cluster import all_reduce_impl, strategies
+from tfscale.cluster.environment import ClusterConfig, resolve_cluster
+from tfscale import _compat
+info = resolve_cluster({"TF_CONFIG": json.dumps({
+    "cluster": {"worker": sys.argv[1].split(",")},
+    "task": {"type": "worker", "index": int(sys.argv[2])}})})
+strategy = strategies.make_strategy(info, ClusterConfig())
+all_reduce_impl.check_not_shared(
+    _compat.coordination_service(), info.worker_index, info.num_workers,
+    sys.argv[3].split(","), 60)
+print("NOT SHARED")
+"""
+
+
+@pytest.mark.parametrize("gpus,shared", [
+    (["node1/cuda:0", "node1/cuda:1"], False),
+    (["node1/cuda:0", "node1/cuda:0"], True)])
+def test_workers_on_nccl_compare_their_gpus_before_the_first_collective(
+        gpus, shared):
+    """Two real workers (CPU MWMS, its coordination service) publish the
+    GPUs they would run NCCL on: two on one GPU both stop in one line."""
+    import subprocess
+    with local.ports.lease(2, "127.0.0.1") as held:
+        addresses = ",".join(f"127.0.0.1:{p}" for p in held.ports)
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", NCCL_PEERS, addresses, str(i), gpus[i]],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), cwd=REPO)
+        for i in range(2)]
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    if not shared:
+        assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:]
+        assert all("NOT SHARED" in out for out in outputs)
+        return
+    assert [p.returncode for p in procs] == [2, 2], outputs[0][-3000:]
+    for out in outputs:
+        assert ("ConfigError: all-reduce over NCCL: worker 0 and worker 1 "
+                "both use GPU node1/cuda:0; NCCL needs one GPU of its own a "
+                "replica") in out, out[-3000:]
+
+
+def test_launch_local_tells_workers_sharing_gpus_that_they_share():
+    script = f"import os; print('SHARED', os.environ.get('{SHARED_GPUS_ENV}'))"
+    for flags, said in ((["--share_gpus"], "1"), ([], "None")):
+        code, output = run_command(
+            [sys.executable, "-m", "launch.local", "--num_workers", "2",
+             *flags, "--", sys.executable, "-c", script], timeout=60)
+        assert code == 0, output
+        assert output.count(f"SHARED {said}") == 2, output

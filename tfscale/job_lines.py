@@ -2,6 +2,7 @@
 numerics, model, optimizer) and after it (loss, throughput, checkpoint,
 the noise scale's advice, AdaScale, evaluation)."""
 
+from tfscale.cluster import all_reduce_impl
 from tfscale.noise import advice as noise_advice
 from tfscale.cluster.environment import ClusterConfig
 from tfscale.train_config import TrainConfig
@@ -28,7 +29,9 @@ def before(task, info, trainer, built, xla=None, xla_why="") -> str:
         task.title, *("  " + note for note in task.config.notes),
         workers_line(info, trainer),
         f"  {trainer.placement.describe()}",
-        numerics_line(trainer.config, task.config.cluster, xla_why),
+        numerics_line(trainer.config, task.config.cluster, xla_why,
+                      all_reduce_impl.describe(trainer.strategy,
+                                               task.config.cluster)),
         f"  step: {trainer.step_layout}",
         calls_line(trainer.config),
         *([f"  XLA on a GPU: {xla.description}"] if xla else []),
@@ -71,12 +74,14 @@ def workers_line(info, trainer) -> str:
 
 
 def numerics_line(train: TrainConfig, cluster: ClusterConfig,
-                  xla_why: str = "") -> str:
+                  xla_why: str = "", all_reduce: str = "") -> str:
+    """Precision, XLA and the all-reduce (`all_reduce`, as
+    `all_reduce_impl.describe` says; default: the flag's)."""
     why = f" ({xla_why})" if xla_why else ""
     return (f"  precision {train.precision}, XLA "
             f"{'on' if train.jit_compile else 'off'}{why}, all-reduce "
             + ("MPI.Allreduce" if cluster.backend == "mpi" else
-               cluster.all_reduce_alg))
+               all_reduce or cluster.all_reduce_alg))
 
 
 def after(title: str, results: dict, unit: str = "examples") -> str:

@@ -230,7 +230,9 @@ def define_cluster_flags(flags, **kwargs) -> None:
         "tfscale's checkout).",
         **kwargs)
     flags.DEFINE_enum("all_reduce_alg", "auto", ["auto", "ring", "nccl"],
-                      "Collective implementation.", **kwargs)
+                      "The workers' all-reduce: auto is NCCL where each "
+                      "replica has a GPU of its own, else the gRPC ring.",
+                      **kwargs)
     flags.DEFINE_integer("bytes_per_pack", 0, "All-reduce pack size (0: one "
                          "pack).", **kwargs)
     flags.DEFINE_float("collective_timeout", 300,

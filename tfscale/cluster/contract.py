@@ -35,6 +35,11 @@ CONFIG_ERROR_EXIT_CODE = 2
 # training records from; `launch.local --data_service_workers K` sets it.
 DATA_SERVICE_ADDRESS_ENV = "TFSCALE_DATA_SERVICE"
 
+# Set to "1" for workers that share the host's GPUs (`launch.local
+# --share_gpus`): their all-reduce takes the gRPC ring, since NCCL refuses
+# two ranks on one GPU (`tfscale/cluster/all_reduce_impl.py`).
+SHARED_GPUS_ENV = "TFSCALE_SHARED_GPUS"
+
 # Lines TensorFlow prints on every start on a host without a GPU (and
 # cannot be told not to): the entry points and the data service's log pump
 # drop them.

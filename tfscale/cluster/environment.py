@@ -52,7 +52,9 @@ class ClusterConfig:
             (ring over gRPC on CPUs, NCCL on GPUs), workers from TF_CONFIG or
             SLURM. "mpi": one single-replica process per MPI rank, gradients
             summed with MPI.Allreduce (see `tfscale/cluster/mpi.py`).
-        all_reduce_alg: Collective implementation: "auto", "ring" or "nccl".
+        all_reduce_alg: Collective implementation: "auto" (NCCL where each
+            replica has a GPU of its own, else the gRPC ring:
+            `all_reduce_impl.choose`), "ring" or "nccl".
         bytes_per_pack: Gradients are packed into chunks of about this many
             bytes per all-reduce; 0 lets TensorFlow choose (one pack).
         collective_timeout_seconds: A collective that does not complete in

@@ -10,8 +10,9 @@ import os
 import socket
 import subprocess
 import sys
+from typing import Optional
 
-from tfscale.cluster import mpi, placement
+from tfscale.cluster import all_reduce_impl, mpi, placement
 from tfscale.cluster.devices import visible_gpus
 from tfscale.cluster.environment import ClusterConfig, ClusterError, ClusterInfo
 
@@ -60,15 +61,24 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
         return strategy
 
     check_own_port(info)
-    options = communication_options(config)
+    worker = f"worker {info.worker_index}"
+    ids = all_reduce_impl.gpu_ids(os.environ, socket.gethostname())
+    choice = all_reduce_impl.choose(config.all_reduce_alg, ids, os.environ,
+                                    worker)
+    options = communication_options(config, choice.implementation)
     with StartupWatchdog(info, config.connect_timeout_seconds):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=multi_worker_resolver(info, gpus),
             communication_options=options)
         # Before any collective: a worker on the wrong devices says so
         # (its peers, waiting in the first collective, end with it).
-        placement.check(strategy, worker=f"worker {info.worker_index}",
-                        gpus=gpus)
+        placement.check(strategy, worker=worker, gpus=gpus)
+        from tfscale import _compat
+        service = _compat.coordination_service()
+        if choice.implementation == all_reduce_impl.NCCL and service:
+            all_reduce_impl.check_not_shared(
+                service, info.worker_index, info.num_workers, ids,
+                config.connect_timeout_seconds)
         # The first collective proves every peer is up and reachable.
         tf.function(lambda: strategy.reduce(
             tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)),
@@ -108,12 +118,15 @@ def check_own_port(info: ClusterInfo) -> None:
         probe.close()
 
 
-def communication_options(config: ClusterConfig):
-    """The `CommunicationOptions` for the Trainer's gradient all-reduce."""
+def communication_options(config: ClusterConfig,
+                          implementation: Optional[str] = None):
+    """The `CommunicationOptions` for the Trainer's gradient all-reduce:
+    `implementation` ("nccl", "ring"; `all_reduce_impl.choose`), else
+    the flag's."""
     import tensorflow as tf
     implementation = getattr(
         tf.distribute.experimental.CommunicationImplementation,
-        config.all_reduce_alg.upper())
+        (implementation or config.all_reduce_alg).upper())
     return tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=config.bytes_per_pack,
         timeout_seconds=config.collective_timeout_seconds,

@@ -1,0 +1,158 @@
+"""Which implementation MultiWorkerMirroredStrategy's all-reduce uses.
+
+TensorFlow 2.21's `CommunicationImplementation.AUTO` does not pick NCCL on
+GPUs: a collective runs as NCCL only when its hint says "nccl" or the
+session config sets `collective_nccl`, which MultiWorkerMirroredStrategy
+sets only outside eager execution (`collective_all_reduce_strategy.py`,
+`_update_config_proto`; the C++ resolver's `AssignCollectiveType`). So
+under TF2 "auto" is the gRPC ring through host memory, GPUs or not
+(docs/facts.md). tfscale decides itself (`choose`):
+
+  - "auto": NCCL when the worker sees GPUs none of which it shares (a
+    launcher's `--share_gpus`, or one GPU split into logical devices),
+    else the ring;
+  - "nccl": refused in one line where NCCL cannot run (no GPU, a shared
+    one);
+  - "ring": the ring.
+
+NCCL refuses two ranks on one GPU, and a worker cannot see its peers'
+GPUs. So before the first collective, the workers that chose NCCL compare
+their GPUs (host and CUDA device) through the coordination service's
+key-value store (`check_not_shared`): two workers on one GPU stop with one
+line naming them, not NCCL's "Duplicate GPU detected" at step 1.
+"""
+
+import dataclasses
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+from tfscale.cluster.contract import SHARED_GPUS_ENV
+from tfscale.errors import ConfigError
+
+NCCL, RING = "nccl", "ring"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The implementation (`NCCL` or `RING`) and why, for the banner."""
+
+    implementation: str
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.implementation} ({self.why})"
+
+
+def gpu_ids(env: Mapping[str, str], host: str) -> Tuple[str, ...]:
+    """`host/cuda:ID` for each logical GPU this process sees: the entry of
+    `CUDA_VISIBLE_DEVICES` (an index or a UUID) behind it, or its index when
+    the variable is unset; a GPU split into logical devices appears once
+    per logical device."""
+    import tensorflow as tf
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    entries = (None if visible is None else
+               [e.strip() for e in visible.split(",") if e.strip()])
+    ids = []
+    for gpu in tf.config.get_visible_devices("GPU"):
+        index = int(gpu.name.rsplit(":", 1)[1])
+        cuda = (entries[index] if entries is not None and
+                index < len(entries) else str(index))
+        logical = tf.config.get_logical_device_configuration(gpu) or [gpu]
+        ids.extend([f"{host}/cuda:{cuda}"] * len(logical))
+    return tuple(ids)
+
+
+def choose(requested: str, ids: Sequence[str], env: Mapping[str, str],
+           worker: str) -> Choice:
+    """The implementation for a worker that sees the GPUs `ids`
+    (`gpu_ids`), asked for `requested` ("auto", "ring", "nccl").
+
+    Raises:
+        ConfigError: "nccl" where it cannot run.
+    """
+    shared = env.get(SHARED_GPUS_ENV) == "1"
+    repeated = len(set(ids)) < len(ids)
+    if requested == RING:
+        return Choice(RING, "--all_reduce_alg=ring")
+    problem = ("it sees no GPU" if not ids else
+               "its launcher shares the host's GPUs among the workers "
+               "(launch.local --share_gpus)" if shared else
+               f"it holds two replicas on {_first_repeated(ids)}"
+               if repeated else None)
+    if requested == NCCL:
+        if problem:
+            raise ConfigError(
+                "all_reduce_alg", f"--all_reduce_alg=nccl: {worker}: {problem}; NCCL needs "
+                "one GPU of its own a replica: use --all_reduce_alg=ring "
+                "(or auto)")
+        return Choice(NCCL, "--all_reduce_alg=nccl")
+    if problem:
+        return Choice(RING, f"auto: {problem}")
+    return Choice(NCCL, "auto: each replica its own GPU")
+
+
+def _first_repeated(ids: Sequence[str]) -> str:
+    seen = set()
+    for gpu in ids:
+        if gpu in seen:
+            return gpu
+        seen.add(gpu)
+    return ""
+
+
+def shared_gpu(ids_by_worker: Mapping[int, Sequence[str]]
+               ) -> Optional[Tuple[str, Tuple[int, ...]]]:
+    """(GPU, the workers that use it) for the first GPU two workers use,
+    or None."""
+    users: Dict[str, list] = {}
+    for worker in sorted(ids_by_worker):
+        for gpu in dict.fromkeys(ids_by_worker[worker]):
+            users.setdefault(gpu, []).append(worker)
+    for gpu, workers in users.items():
+        if len(workers) > 1:
+            return gpu, tuple(workers)
+    return None
+
+
+KEY = "tfscale/nccl_gpus/{}"
+
+
+def check_not_shared(service, worker_index: int, num_workers: int,
+                     ids: Sequence[str], timeout_seconds: float) -> None:
+    """Every worker that chose NCCL calls this before its first collective:
+    it publishes its GPUs and reads its peers' (`service`: the eager
+    context, `_compat.coordination_service()`).
+
+    Raises:
+        ConfigError: Two workers use one GPU (every worker raises it).
+    """
+    service.set_config_key_value(KEY.format(worker_index), ",".join(ids))
+    ids_by_worker = {worker_index: tuple(ids)}
+    for index in range(num_workers):
+        if index != worker_index:
+            theirs = service.get_config_key_value(
+                KEY.format(index), int(timeout_seconds * 1000))
+            ids_by_worker[index] = tuple(g for g in theirs.split(",") if g)
+    found = shared_gpu(ids_by_worker)
+    if found:
+        gpu, workers = found
+        names = " and ".join(f"worker {w}" for w in workers)
+        raise ConfigError(
+            "all_reduce_alg", f"all-reduce over NCCL: {names} both use GPU {gpu}; NCCL needs "
+            "one GPU of its own a replica: give each worker its own "
+            "(CUDA_VISIBLE_DEVICES, launch.local --gpus_per_worker) or use "
+            "--all_reduce_alg=ring (launch.local --share_gpus runs the "
+            "workers on one GPU with it)")
+
+
+def describe(strategy, cluster) -> str:
+    """What the banner says of a strategy's all-reduce: "nccl (auto)",
+    "ring", or, for one worker, the flag (MirroredStrategy's own choice
+    across its GPUs)."""
+    from tfscale import _compat
+    options = _compat.communication_options(strategy)
+    name = getattr(getattr(options, "implementation", None), "name", "AUTO")
+    if name == "AUTO":
+        return cluster.all_reduce_alg
+    chosen = name.lower()
+    return (f"{chosen} (auto)" if cluster.all_reduce_alg == "auto"
+            else chosen)
