@@ -344,6 +344,39 @@ def test_gpu_ids_name_the_cuda_devices_behind_the_logical_ones(monkeypatch):
         {0: ["a/cuda:0", "a/cuda:1"], 2: ["a/cuda:1"]}) == ("a/cuda:1", (0, 2))
 
 
+def fake_nvidia_smi(tmp_path, name, uuids):
+    """An `nvidia-smi` whose `-L` lists `uuids` as GPUs 0, 1, ..."""
+    lines = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: {u})'\n"
+                    for i, u in enumerate(uuids))
+    path = tmp_path / name
+    path.write_text(f"#!/bin/sh\n{lines}")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_gpu_uuids_tell_gpus_apart_where_indices_do_not(tmp_path):
+    # SLURM confining each task to its GPU (ConstrainDevices): both tasks
+    # see CUDA device 0, nvidia-smi lists each its own GPU.
+    first = fake_nvidia_smi(tmp_path, "a", [UUIDS[0]])
+    second = fake_nvidia_smi(tmp_path, "b", [UUIDS[1]])
+    env = {"CUDA_VISIBLE_DEVICES": "0"}
+    assert all_reduce_impl.gpu_uuids(env, 1, first) == (UUIDS[0],)
+    assert all_reduce_impl.gpu_uuids(env, 1, second) == (UUIDS[1],)
+    assert all_reduce_impl.shared_gpu({0: (UUIDS[0],), 1: (UUIDS[1],)}) \
+        is None
+    # One host, every GPU listed: CUDA_VISIBLE_DEVICES picks them.
+    both = fake_nvidia_smi(tmp_path, "c", UUIDS)
+    assert all_reduce_impl.gpu_uuids({"CUDA_VISIBLE_DEVICES": "1"}, 1,
+                                     both) == (UUIDS[1],)
+    assert all_reduce_impl.gpu_uuids({}, 2, both) == tuple(UUIDS)
+    # UUIDs in the variable need no listing; unknown: no UUIDs at all.
+    assert all_reduce_impl.gpu_uuids(
+        {"CUDA_VISIBLE_DEVICES": UUIDS[1]}, 1, "/nonexistent") == (UUIDS[1],)
+    assert all_reduce_impl.gpu_uuids(env, 1, "/nonexistent") == ()
+    assert all_reduce_impl.gpu_uuids({"CUDA_VISIBLE_DEVICES": "3"}, 1,
+                                     both) == ()
+
+
 NCCL_PEERS = """
 import json, sys
 from tfscale.cluster import all_reduce_impl, strategies
@@ -360,13 +393,16 @@ print("NOT SHARED")
 """
 
 
+UUIDS = ["GPU-5f0e2a4c-0000", "GPU-9b7d11e3-0001"]
+
+
 @pytest.mark.parametrize("gpus,shared", [
-    (["node1/cuda:0", "node1/cuda:1"], False),
-    (["node1/cuda:0", "node1/cuda:0"], True)])
+    (UUIDS, False), ([UUIDS[0], UUIDS[0]], True)])
 def test_workers_on_nccl_compare_their_gpus_before_the_first_collective(
         gpus, shared):
     """Two real workers (CPU MWMS, its coordination service) publish the
-    GPUs they would run NCCL on: two on one GPU both stop in one line."""
+    UUIDs of the GPUs they would run NCCL on: two on one GPU both stop in
+    one line."""
     import subprocess
     with local.ports.lease(2, "127.0.0.1") as held:
         addresses = ",".join(f"127.0.0.1:{p}" for p in held.ports)
@@ -383,8 +419,8 @@ def test_workers_on_nccl_compare_their_gpus_before_the_first_collective(
     assert [p.returncode for p in procs] == [2, 2], outputs[0][-3000:]
     for out in outputs:
         assert ("ConfigError: all-reduce over NCCL: worker 0 and worker 1 "
-                "both use GPU node1/cuda:0; NCCL needs one GPU of its own a "
-                "replica") in out, out[-3000:]
+                f"both use the GPU {UUIDS[0]}; NCCL needs one GPU of its own "
+                "a replica") in out, out[-3000:]
 
 
 def test_launch_local_tells_workers_sharing_gpus_that_they_share():

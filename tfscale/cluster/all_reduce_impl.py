@@ -17,12 +17,17 @@ under TF2 "auto" is the gRPC ring through host memory, GPUs or not
 
 NCCL refuses two ranks on one GPU, and a worker cannot see its peers'
 GPUs. So before the first collective, the workers that chose NCCL compare
-their GPUs (host and CUDA device) through the coordination service's
-key-value store (`check_not_shared`): two workers on one GPU stop with one
-line naming them, not NCCL's "Duplicate GPU detected" at step 1.
+their GPUs' UUIDs (`gpu_uuids`: a CUDA index means different GPUs in two
+processes a scheduler confined to different devices, a UUID never does)
+through the coordination service's key-value store (`check_not_shared`):
+two workers on one GPU stop with one line naming them, not NCCL's
+"Duplicate GPU detected" at step 1. A worker whose UUIDs cannot be read
+(no `nvidia-smi`) takes no part in the comparison.
 """
 
 import dataclasses
+import re
+import subprocess
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from tfscale.cluster.contract import SHARED_GPUS_ENV
@@ -59,6 +64,36 @@ def gpu_ids(env: Mapping[str, str], host: str) -> Tuple[str, ...]:
         logical = tf.config.get_logical_device_configuration(gpu) or [gpu]
         ids.extend([f"{host}/cuda:{cuda}"] * len(logical))
     return tuple(ids)
+
+
+def gpu_uuids(env: Mapping[str, str], count: int,
+              nvidia_smi: str = "nvidia-smi") -> Tuple[str, ...]:
+    """The UUIDs of the first `count` CUDA devices this process sees: the
+    entries of `CUDA_VISIBLE_DEVICES` that are UUIDs, the others (indices)
+    looked up in `nvidia-smi -L` (which lists the GPUs this process may
+    open, as CUDA numbers them when every one is visible); () when any
+    cannot be told."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    entries = ([str(i) for i in range(count)] if visible is None else
+               [e.strip() for e in visible.split(",") if e.strip()][:count])
+    listed = {}
+    if any(not e.startswith(("GPU-", "MIG-")) for e in entries):
+        try:
+            out = subprocess.run([nvidia_smi, "-L"], capture_output=True,
+                                 text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return ()
+        for line in out.stdout.splitlines() if out.returncode == 0 else []:
+            found = _LISTED.match(line.strip())
+            if found:
+                listed[found.group(1)] = found.group(2)
+    uuids = [e if e.startswith(("GPU-", "MIG-")) else listed.get(e)
+             for e in entries]
+    return tuple(uuids) if len(uuids) == count and all(uuids) else ()
+
+
+# A line of `nvidia-smi -L`: "GPU 0: NVIDIA H200 (UUID: GPU-5f0e...)".
+_LISTED = re.compile(r"^GPU (\d+): .*\(UUID: ([^)]+)\)")
 
 
 def choose(requested: str, ids: Sequence[str], env: Mapping[str, str],
@@ -119,8 +154,9 @@ KEY = "tfscale/nccl_gpus/{}"
 def check_not_shared(service, worker_index: int, num_workers: int,
                      ids: Sequence[str], timeout_seconds: float) -> None:
     """Every worker that chose NCCL calls this before its first collective:
-    it publishes its GPUs and reads its peers' (`service`: the eager
-    context, `_compat.coordination_service()`).
+    it publishes its GPUs' UUIDs (`gpu_uuids`; () when unknown) and reads
+    its peers' (`service`: the eager context,
+    `_compat.coordination_service()`).
 
     Raises:
         ConfigError: Two workers use one GPU (every worker raises it).
@@ -137,7 +173,8 @@ def check_not_shared(service, worker_index: int, num_workers: int,
         gpu, workers = found
         names = " and ".join(f"worker {w}" for w in workers)
         raise ConfigError(
-            "all_reduce_alg", f"all-reduce over NCCL: {names} both use GPU {gpu}; NCCL needs "
+            "all_reduce_alg", f"all-reduce over NCCL: {names} both use the GPU {gpu}; NCCL "
+            "needs "
             "one GPU of its own a replica: give each worker its own "
             "(CUDA_VISIBLE_DEVICES, launch.local --gpus_per_worker) or use "
             "--all_reduce_alg=ring (launch.local --share_gpus runs the "

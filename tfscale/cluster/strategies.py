@@ -77,7 +77,8 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
         service = _compat.coordination_service()
         if choice.implementation == all_reduce_impl.NCCL and service:
             all_reduce_impl.check_not_shared(
-                service, info.worker_index, info.num_workers, ids,
+                service, info.worker_index, info.num_workers,
+                all_reduce_impl.gpu_uuids(os.environ, len(set(ids))),
                 config.connect_timeout_seconds)
         # The first collective proves every peer is up and reachable.
         tf.function(lambda: strategy.reduce(
