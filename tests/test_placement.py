@@ -83,10 +83,12 @@ class RecordingMwms:
         return value
 
 
-def two_worker_info(index=1):
+def two_worker_info(index=1, env=()):
+    """Worker `index` of two on 127.0.0.1, its environment `env` besides
+    TF_CONFIG (CUDA_VISIBLE_DEVICES, the launcher's sharing)."""
     with local.ports.lease(2, "127.0.0.1") as held:
         addresses = [f"127.0.0.1:{p}" for p in held.ports]
-    return resolve_cluster({"TF_CONFIG": json.dumps({
+    return resolve_cluster({**dict(env), "TF_CONFIG": json.dumps({
         "cluster": {"worker": addresses},
         "task": {"type": "worker", "index": index}})})
 
@@ -101,7 +103,7 @@ def test_make_strategy_gives_mwms_the_gpus_the_worker_sees(
     RecordingMwms.made.clear()
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy",
                         RecordingMwms)
-    strategy = strategies.make_strategy(two_worker_info(), ClusterConfig())
+    strategy = strategies.make_strategy(two_worker_info(env=env), ClusterConfig())
     (resolver,) = RecordingMwms.made
     assert resolver.num_accelerators() == expected
     count = expected.get("GPU", 0)
@@ -147,15 +149,20 @@ def test_each_workers_resolver_counts_the_gpus_its_binding_leaves_it(
             [f"GPU:{i}" for i in range(count)] or ["CPU:0"])
 
 
-def test_logical_gpus_count_as_tensorflow_counts_them(monkeypatch):
-    """One GPU split in two logical devices: two replicas, as TensorFlow's
-    own count (`context.num_gpus()`) gives."""
+def split_one_gpu(monkeypatch):
+    """TensorFlow's listing of one GPU split in two logical devices."""
     fake = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
     monkeypatch.setattr(tf.config, "get_visible_devices",
                         lambda device_type=None: [fake])
     monkeypatch.setattr(
         tf.config, "get_logical_device_configuration",
         lambda device: [tf.config.LogicalDeviceConfiguration(1024)] * 2)
+
+
+def test_logical_gpus_count_as_tensorflow_counts_them(monkeypatch):
+    """One GPU split in two logical devices: two replicas, as TensorFlow's
+    own count (`context.num_gpus()`) gives."""
+    split_one_gpu(monkeypatch)
     assert devices.visible_gpus() == ("/device:GPU:0", "/device:GPU:1")
 
 
@@ -292,14 +299,10 @@ def test_keras_fit_on_many_replicas_checks_before_training(monkeypatch):
 def test_make_strategy_picks_nccl_where_each_replica_has_its_own_gpu(
         monkeypatch, env, alg, expected):
     cuda_listing(monkeypatch, env)
-    for name in ("CUDA_VISIBLE_DEVICES", SHARED_GPUS_ENV):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy",
                         RecordingMwms)
     strategy = strategies.make_strategy(
-        two_worker_info(), ClusterConfig(all_reduce_alg=alg))
+        two_worker_info(env=env), ClusterConfig(all_reduce_alg=alg))
     options = strategy.extended._communication_options
     assert options.implementation.name == expected
     said = all_reduce_impl.describe(strategy, ClusterConfig(
@@ -308,36 +311,29 @@ def test_make_strategy_picks_nccl_where_each_replica_has_its_own_gpu(
 
 
 def test_nccl_where_it_cannot_run_is_one_line_naming_the_worker():
-    for ids, env, problem in (
-            ((), {}, "it sees no GPU"),
-            (("h/cuda:0",), {SHARED_GPUS_ENV: "1"},
-             "its launcher shares the host's GPUs"),
-            (("h/cuda:0", "h/cuda:0"), {},
+    for ids, shared, problem in (
+            ((), False, "it sees no GPU"),
+            (("h/cuda:0",), True, "its launcher shares the host's GPUs"),
+            (("h/cuda:0", "h/cuda:0"), False,
              "it holds two replicas on h/cuda:0")):
         with pytest.raises(ConfigError, match=(
                 f"^--all_reduce_alg=nccl: worker 1: {problem}")):
-            all_reduce_impl.choose("nccl", ids, env, "worker 1")
-        choice = all_reduce_impl.choose("auto", ids, env, "worker 1")
+            all_reduce_impl.choose("nccl", ids, shared, "worker 1")
+        choice = all_reduce_impl.choose("auto", ids, shared, "worker 1")
         assert choice.implementation == "ring"
         assert choice.why.startswith(f"auto: {problem}")
 
 
 def test_gpu_ids_name_the_cuda_devices_behind_the_logical_ones(monkeypatch):
     cuda_listing(monkeypatch, {"CUDA_VISIBLE_DEVICES": "1,3"})
-    assert all_reduce_impl.gpu_ids({"CUDA_VISIBLE_DEVICES": "1,3"}, "h") == (
+    assert all_reduce_impl.gpu_ids("1,3", "h") == (
         "h/cuda:1", "h/cuda:3")
     cuda_listing(monkeypatch, {})
-    assert all_reduce_impl.gpu_ids({}, "h") == tuple(
+    assert all_reduce_impl.gpu_ids(None, "h") == tuple(
         f"h/cuda:{i}" for i in range(HOST_GPUS))
     # One GPU split in two logical devices: two replicas on one GPU.
-    fake = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
-    monkeypatch.setattr(tf.config, "get_visible_devices",
-                        lambda device_type=None: [fake])
-    monkeypatch.setattr(
-        tf.config, "get_logical_device_configuration",
-        lambda device: [tf.config.LogicalDeviceConfiguration(1024)] * 2)
-    assert all_reduce_impl.gpu_ids({"CUDA_VISIBLE_DEVICES": "GPU-ab"},
-                                   "h") == ("h/cuda:GPU-ab",) * 2
+    split_one_gpu(monkeypatch)
+    assert all_reduce_impl.gpu_ids("GPU-ab", "h") == ("h/cuda:GPU-ab",) * 2
     assert all_reduce_impl.shared_gpu({0: ["a/cuda:0"], 1: ["b/cuda:0"]}) \
         is None
     assert all_reduce_impl.shared_gpu(
@@ -359,22 +355,19 @@ def test_gpu_uuids_tell_gpus_apart_where_indices_do_not(tmp_path):
     # see CUDA device 0, nvidia-smi lists each its own GPU.
     first = fake_nvidia_smi(tmp_path, "a", [UUIDS[0]])
     second = fake_nvidia_smi(tmp_path, "b", [UUIDS[1]])
-    env = {"CUDA_VISIBLE_DEVICES": "0"}
-    assert all_reduce_impl.gpu_uuids(env, 1, first) == (UUIDS[0],)
-    assert all_reduce_impl.gpu_uuids(env, 1, second) == (UUIDS[1],)
+    assert all_reduce_impl.gpu_uuids("0", 1, first) == (UUIDS[0],)
+    assert all_reduce_impl.gpu_uuids("0", 1, second) == (UUIDS[1],)
     assert all_reduce_impl.shared_gpu({0: (UUIDS[0],), 1: (UUIDS[1],)}) \
         is None
     # One host, every GPU listed: CUDA_VISIBLE_DEVICES picks them.
     both = fake_nvidia_smi(tmp_path, "c", UUIDS)
-    assert all_reduce_impl.gpu_uuids({"CUDA_VISIBLE_DEVICES": "1"}, 1,
-                                     both) == (UUIDS[1],)
-    assert all_reduce_impl.gpu_uuids({}, 2, both) == tuple(UUIDS)
+    assert all_reduce_impl.gpu_uuids("1", 1, both) == (UUIDS[1],)
+    assert all_reduce_impl.gpu_uuids(None, 2, both) == tuple(UUIDS)
     # UUIDs in the variable need no listing; unknown: no UUIDs at all.
-    assert all_reduce_impl.gpu_uuids(
-        {"CUDA_VISIBLE_DEVICES": UUIDS[1]}, 1, "/nonexistent") == (UUIDS[1],)
-    assert all_reduce_impl.gpu_uuids(env, 1, "/nonexistent") == ()
-    assert all_reduce_impl.gpu_uuids({"CUDA_VISIBLE_DEVICES": "3"}, 1,
-                                     both) == ()
+    assert all_reduce_impl.gpu_uuids(UUIDS[1], 1, "/nonexistent") == (
+        UUIDS[1],)
+    assert all_reduce_impl.gpu_uuids("0", 1, "/nonexistent") == ()
+    assert all_reduce_impl.gpu_uuids("3", 1, both) == ()
 
 
 NCCL_PEERS = """

@@ -3,6 +3,9 @@
     environment.py   TF_CONFIG, SLURM and MPI's variables -> ClusterConfig,
                      ClusterInfo (the only reader of the cluster environment)
     strategies.py    the tf.distribute strategy for a resolved cluster
+    all_reduce_impl.py
+                     NCCL or the gRPC ring for MWMS's all-reduce (TensorFlow's
+                     AUTO is the ring); workers on NCCL compare their GPUs
     devices.py       the GPUs this process sees; the devices a strategy's
                      replicas sit on (TensorFlow's default strategy too)
     placement.py     replicas and variables checked against those GPUs

@@ -30,7 +30,6 @@ import re
 import subprocess
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
-from tfscale.cluster.contract import SHARED_GPUS_ENV
 from tfscale.errors import ConfigError
 
 NCCL, RING = "nccl", "ring"
@@ -38,22 +37,18 @@ NCCL, RING = "nccl", "ring"
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """The implementation (`NCCL` or `RING`) and why, for the banner."""
+    """The implementation (`NCCL` or `RING`) and why."""
 
     implementation: str
     why: str
 
-    def describe(self) -> str:
-        return f"{self.implementation} ({self.why})"
 
-
-def gpu_ids(env: Mapping[str, str], host: str) -> Tuple[str, ...]:
+def gpu_ids(visible: Optional[str], host: str) -> Tuple[str, ...]:
     """`host/cuda:ID` for each logical GPU this process sees: the entry of
-    `CUDA_VISIBLE_DEVICES` (an index or a UUID) behind it, or its index when
-    the variable is unset; a GPU split into logical devices appears once
-    per logical device."""
+    `CUDA_VISIBLE_DEVICES` (`visible`: an index or a UUID; None: unset)
+    behind it, or its index when the variable is unset; a GPU split into
+    logical devices appears once per logical device."""
     import tensorflow as tf
-    visible = env.get("CUDA_VISIBLE_DEVICES")
     entries = (None if visible is None else
                [e.strip() for e in visible.split(",") if e.strip()])
     ids = []
@@ -66,14 +61,13 @@ def gpu_ids(env: Mapping[str, str], host: str) -> Tuple[str, ...]:
     return tuple(ids)
 
 
-def gpu_uuids(env: Mapping[str, str], count: int,
+def gpu_uuids(visible: Optional[str], count: int,
               nvidia_smi: str = "nvidia-smi") -> Tuple[str, ...]:
     """The UUIDs of the first `count` CUDA devices this process sees: the
-    entries of `CUDA_VISIBLE_DEVICES` that are UUIDs, the others (indices)
-    looked up in `nvidia-smi -L` (which lists the GPUs this process may
-    open, as CUDA numbers them when every one is visible); () when any
-    cannot be told."""
-    visible = env.get("CUDA_VISIBLE_DEVICES")
+    entries of `CUDA_VISIBLE_DEVICES` (`visible`; None: unset) that are
+    UUIDs, the others (indices) looked up in `nvidia-smi -L` (which lists
+    the GPUs this process may open, as CUDA numbers them when every one is
+    visible); () when any cannot be told."""
     entries = ([str(i) for i in range(count)] if visible is None else
                [e.strip() for e in visible.split(",") if e.strip()][:count])
     listed = {}
@@ -96,15 +90,16 @@ def gpu_uuids(env: Mapping[str, str], count: int,
 _LISTED = re.compile(r"^GPU (\d+): .*\(UUID: ([^)]+)\)")
 
 
-def choose(requested: str, ids: Sequence[str], env: Mapping[str, str],
+def choose(requested: str, ids: Sequence[str], shared: bool,
            worker: str) -> Choice:
     """The implementation for a worker that sees the GPUs `ids`
-    (`gpu_ids`), asked for `requested` ("auto", "ring", "nccl").
+    (`gpu_ids`), asked for `requested` ("auto", "ring", "nccl"); `shared`:
+    its launcher says the host's workers share its GPUs
+    (`ClusterInfo.shares_gpus`).
 
     Raises:
         ConfigError: "nccl" where it cannot run.
     """
-    shared = env.get(SHARED_GPUS_ENV) == "1"
     repeated = len(set(ids)) < len(ids)
     if requested == RING:
         return Choice(RING, "--all_reduce_alg=ring")
@@ -168,6 +163,9 @@ def check_not_shared(service, worker_index: int, num_workers: int,
             theirs = service.get_config_key_value(
                 KEY.format(index), int(timeout_seconds * 1000))
             ids_by_worker[index] = tuple(g for g in theirs.split(",") if g)
+    # Every worker has read every worker's GPUs before any leaves (a
+    # worker that left first could take the coordination service with it).
+    service.wait_at_barrier("tfscale/nccl_gpus", int(timeout_seconds * 1000))
     found = shared_gpu(ids_by_worker)
     if found:
         gpu, workers = found

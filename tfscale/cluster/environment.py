@@ -103,6 +103,10 @@ class ClusterInfo:
         source: "tf_config", "slurm", "mpi" or "single".
         world_size: "mpi": the number of ranks (MPI connects them: no
             addresses in `cluster`); `task_index` is the rank.
+        visible_devices: This process's `CUDA_VISIBLE_DEVICES` (None:
+            unset), which names the GPUs behind TensorFlow's GPU:0, ...
+        shares_gpus: The launcher says the host's workers share its GPUs
+            (`contract.SHARED_GPUS_ENV`, `launch.local --share_gpus`).
     """
 
     cluster: Mapping[str, Sequence[str]]
@@ -110,6 +114,8 @@ class ClusterInfo:
     task_index: int
     source: str
     world_size: Optional[int] = None
+    visible_devices: Optional[str] = None
+    shares_gpus: bool = False
 
     @property
     def num_workers(self) -> int:
@@ -165,6 +171,16 @@ def resolve_cluster(environ: Mapping[str, str] = None,
             message names the variable and what is wrong with it.
     """
     environ = os.environ if environ is None else environ
+    return dataclasses.replace(
+        _where(environ, slurm_port_base, backend),
+        visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+        shares_gpus=environ.get(contract.SHARED_GPUS_ENV) == "1")
+
+
+def _where(environ: Mapping[str, str], slurm_port_base: int,
+           backend: str) -> ClusterInfo:
+    """`resolve_cluster`'s cluster and task, from the first source that
+    names one."""
     if backend == "mpi":
         return _from_mpi(environ)
     if environ.get("TF_CONFIG", "").strip():

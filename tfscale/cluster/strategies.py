@@ -62,9 +62,9 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
 
     check_own_port(info)
     worker = f"worker {info.worker_index}"
-    ids = all_reduce_impl.gpu_ids(os.environ, socket.gethostname())
-    choice = all_reduce_impl.choose(config.all_reduce_alg, ids, os.environ,
-                                    worker)
+    ids = all_reduce_impl.gpu_ids(info.visible_devices, socket.gethostname())
+    choice = all_reduce_impl.choose(config.all_reduce_alg, ids,
+                                    info.shares_gpus, worker)
     options = communication_options(config, choice.implementation)
     with StartupWatchdog(info, config.connect_timeout_seconds):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -78,7 +78,7 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
         if choice.implementation == all_reduce_impl.NCCL and service:
             all_reduce_impl.check_not_shared(
                 service, info.worker_index, info.num_workers,
-                all_reduce_impl.gpu_uuids(os.environ, len(set(ids))),
+                all_reduce_impl.gpu_uuids(info.visible_devices, len(ids)),
                 config.connect_timeout_seconds)
         # The first collective proves every peer is up and reachable.
         tf.function(lambda: strategy.reduce(
