@@ -292,8 +292,9 @@ def test_keras_fit_on_many_replicas_checks_before_training(monkeypatch):
     ({"CUDA_VISIBLE_DEVICES": "2,3"}, "auto", "NCCL"),
     # --share_gpus: the ring.
     ({"CUDA_VISIBLE_DEVICES": "0", SHARED_GPUS_ENV: "1"}, "auto", "RING"),
-    # No GPU: the ring.
+    # No GPU: the ring (nccl too: a GPU cluster's command line on CPUs).
     ({"CUDA_VISIBLE_DEVICES": ""}, "auto", "RING"),
+    ({"CUDA_VISIBLE_DEVICES": ""}, "nccl", "RING"),
     ({"CUDA_VISIBLE_DEVICES": "0"}, "ring", "RING"),
     ({"CUDA_VISIBLE_DEVICES": "0"}, "nccl", "NCCL")])
 def test_make_strategy_picks_nccl_where_each_replica_has_its_own_gpu(
@@ -307,12 +308,14 @@ def test_make_strategy_picks_nccl_where_each_replica_has_its_own_gpu(
     assert options.implementation.name == expected
     said = all_reduce_impl.describe(strategy, ClusterConfig(
         all_reduce_alg=alg))
-    assert said == expected.lower() + (" (auto)" if alg == "auto" else "")
+    assert said == expected.lower() + (
+        " (auto)" if alg == "auto" else
+        "" if alg.upper() == expected else
+        f" (--all_reduce_alg={alg}: no GPU here)")
 
 
 def test_nccl_where_it_cannot_run_is_one_line_naming_the_worker():
     for ids, shared, problem in (
-            ((), False, "it sees no GPU"),
             (("h/cuda:0",), True, "its launcher shares the host's GPUs"),
             (("h/cuda:0", "h/cuda:0"), False,
              "it holds two replicas on h/cuda:0")):
@@ -322,6 +325,9 @@ def test_nccl_where_it_cannot_run_is_one_line_naming_the_worker():
         choice = all_reduce_impl.choose("auto", ids, shared, "worker 1")
         assert choice.implementation == "ring"
         assert choice.why.startswith(f"auto: {problem}")
+    for alg in ("auto", "nccl"):
+        assert all_reduce_impl.choose(alg, (), False, "worker 1") == \
+            all_reduce_impl.Choice("ring", "it sees no GPU")
 
 
 def test_gpu_ids_name_the_cuda_devices_behind_the_logical_ones(monkeypatch):
@@ -409,7 +415,8 @@ def test_workers_on_nccl_compare_their_gpus_before_the_first_collective(
         assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:]
         assert all("NOT SHARED" in out for out in outputs)
         return
-    assert [p.returncode for p in procs] == [2, 2], outputs[0][-3000:]
+    assert [p.returncode for p in procs] == [2, 2], "\n".join(
+        out[-2000:] for out in outputs)
     for out in outputs:
         assert ("ConfigError: all-reduce over NCCL: worker 0 and worker 1 "
                 f"both use the GPU {UUIDS[0]}; NCCL needs one GPU of its own "
@@ -424,3 +431,20 @@ def test_launch_local_tells_workers_sharing_gpus_that_they_share():
              *flags, "--", sys.executable, "-c", script], timeout=60)
         assert code == 0, output
         assert output.count(f"SHARED {said}") == 2, output
+
+
+def test_a_job_names_nccl_on_a_shared_gpu_in_one_line_and_no_restart(
+        monkeypatch, tmp_path):
+    from tfscale import jobs
+
+    def refuse(info, cluster):
+        return all_reduce_impl.choose("nccl", ("h/cuda:0",), True,
+                                      "worker 0")
+    monkeypatch.setattr(strategies, "make_strategy", refuse)
+    with pytest.raises(jobs.JobError) as raised:
+        jobs.start_worker(ClusterConfig(all_reduce_alg="nccl"),
+                          output_dir=str(tmp_path), precision="float32",
+                          seed=0, deterministic=False)
+    assert not raised.value.restartable
+    assert str(raised.value).startswith(
+        "--all_reduce_alg=nccl: worker 0: its launcher shares the host's GPUs")

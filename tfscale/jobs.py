@@ -372,8 +372,9 @@ def start_worker(cluster: ClusterConfig, *, output_dir: str, precision: str,
 
     Raises:
         JobError: The cluster setup is wrong (named by `ClusterError`;
-            restartable when it says so), or the strategy's replicas are not on the GPUs
-            the worker sees (`placement.PlacementError`; not restartable).
+            restartable when it says so), the strategy's replicas are not on the GPUs
+            the worker sees (`placement.PlacementError`; not restartable), or
+            NCCL cannot run on them (`ConfigError`; not restartable).
     """
     try:
         info = cluster_lib.resolve_cluster(
@@ -389,6 +390,8 @@ def start_worker(cluster: ClusterConfig, *, output_dir: str, precision: str,
         # cluster (TF_CONFIG, MPI ranks without --backend=mpi) is not.
         raise JobError(None, str(e), restartable=e.restartable) from None
     except placement.PlacementError as e:  # another attempt would repeat it
+        raise JobError(None, str(e)) from None
+    except ConfigError as e:  # --all_reduce_alg=nccl on a shared GPU
         raise JobError(None, str(e)) from None
 
 

@@ -11,8 +11,9 @@ under TF2 "auto" is the gRPC ring through host memory, GPUs or not
   - "auto": NCCL when the worker sees GPUs none of which it shares (a
     launcher's `--share_gpus`, or one GPU split into logical devices),
     else the ring;
-  - "nccl": refused in one line where NCCL cannot run (no GPU, a shared
-    one);
+  - "nccl": NCCL; refused in one line where GPUs are shared (NCCL would
+    fail at step 1); the ring where the worker sees no GPU, as TensorFlow
+    does (a GPU cluster's command line run on CPUs), said in the banner;
   - "ring": the ring.
 
 NCCL refuses two ranks on one GPU, and a worker cannot see its peers'
@@ -103,8 +104,9 @@ def choose(requested: str, ids: Sequence[str], shared: bool,
     repeated = len(set(ids)) < len(ids)
     if requested == RING:
         return Choice(RING, "--all_reduce_alg=ring")
-    problem = ("it sees no GPU" if not ids else
-               "its launcher shares the host's GPUs among the workers "
+    if not ids:  # TensorFlow too runs an NCCL hint on CPUs as the ring
+        return Choice(RING, "it sees no GPU")
+    problem = ("its launcher shares the host's GPUs among the workers "
                "(launch.local --share_gpus)" if shared else
                f"it holds two replicas on {_first_repeated(ids)}"
                if repeated else None)
@@ -163,17 +165,24 @@ def check_not_shared(service, worker_index: int, num_workers: int,
             theirs = service.get_config_key_value(
                 KEY.format(index), int(timeout_seconds * 1000))
             ids_by_worker[index] = tuple(g for g in theirs.split(",") if g)
-    # Every worker has read every worker's GPUs before any leaves (a
-    # worker that left first could take the coordination service with it).
-    service.wait_at_barrier("tfscale/nccl_gpus", int(timeout_seconds * 1000))
     found = shared_gpu(ids_by_worker)
     if found:
+        # No worker leaves before every worker has read every worker's
+        # GPUs (worker 0 holds the coordination service). The barrier's
+        # answer itself may be lost when worker 0 leaves first: every
+        # worker knows the verdict by then.
+        import tensorflow as tf
+        try:
+            service.wait_at_barrier("tfscale/nccl_gpus",
+                                    int(timeout_seconds * 1000))
+        except tf.errors.OpError:
+            pass
         gpu, workers = found
         names = " and ".join(f"worker {w}" for w in workers)
         raise ConfigError(
-            "all_reduce_alg", f"all-reduce over NCCL: {names} both use the GPU {gpu}; NCCL "
-            "needs "
-            "one GPU of its own a replica: give each worker its own "
+            "all_reduce_alg",
+            f"all-reduce over NCCL: {names} both use the GPU {gpu}; NCCL "
+            "needs one GPU of its own a replica: give each worker its own "
             "(CUDA_VISIBLE_DEVICES, launch.local --gpus_per_worker) or use "
             "--all_reduce_alg=ring (launch.local --share_gpus runs the "
             "workers on one GPU with it)")
@@ -189,5 +198,9 @@ def describe(strategy, cluster) -> str:
     if name == "AUTO":
         return cluster.all_reduce_alg
     chosen = name.lower()
-    return (f"{chosen} (auto)" if cluster.all_reduce_alg == "auto"
-            else chosen)
+    if cluster.all_reduce_alg == "auto":
+        return f"{chosen} (auto)"
+    if chosen != cluster.all_reduce_alg:  # nccl asked, no GPU
+        return (f"{chosen} (--all_reduce_alg={cluster.all_reduce_alg}: "
+                "no GPU here)")
+    return chosen
