@@ -22,13 +22,15 @@ Never imports TensorFlow.
 
 import argparse
 import os
-import subprocess
 import sys
 from typing import List, Mapping, Optional, Sequence
 
-# Where launchers and MPI libraries put a process's index on its host.
-LOCAL_RANK_VARIABLES = ("TFSCALE_LOCAL_INDEX", "OMPI_COMM_WORLD_LOCAL_RANK",
-                        "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID")
+from tfscale.cluster import contract
+from tfscale.cluster.contract import (GPUS_BOUND_ENV, LOCAL_RANK_VARIABLES,
+                                      local_rank, local_workers)
+
+__all__ = ["LOCAL_RANK_VARIABLES", "host_gpus", "worker_gpus", "local_rank",
+           "local_workers", "main"]
 
 
 def host_gpus(env: Mapping[str, str], nvidia_smi: str = "nvidia-smi"
@@ -39,16 +41,8 @@ def host_gpus(env: Mapping[str, str], nvidia_smi: str = "nvidia-smi"
     if visible is not None:
         entries = [g.strip() for g in visible.split(",") if g.strip()]
         return [] if entries in ([], ["-1"]) else entries
-    try:
-        listing = subprocess.run([nvidia_smi, "-L"], capture_output=True,
-                                 text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if listing.returncode != 0:
-        return []
-    return [line.split(":")[0].split()[1]
-            for line in listing.stdout.splitlines()
-            if line.startswith("GPU ")]
+    listing = contract.nvidia_smi_listing(nvidia_smi)
+    return [index for index, _ in listing or ()]
 
 
 def worker_gpus(gpus: Sequence[str], num_workers: int,
@@ -83,25 +77,6 @@ def worker_gpus(gpus: Sequence[str], num_workers: int,
             for i in range(num_workers)]
 
 
-def local_rank(env: Mapping[str, str]) -> int:
-    """This process's index on its host, from the first of
-    `LOCAL_RANK_VARIABLES` that is set (0 when none is)."""
-    for name in LOCAL_RANK_VARIABLES:
-        if env.get(name, "").strip().isdigit():
-            return int(env[name])
-    return 0
-
-
-def local_workers(env: Mapping[str, str]) -> Optional[int]:
-    """How many workers share this host, when a launcher says so."""
-    for name in ("TFSCALE_LOCAL_WORKERS", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                 "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE",
-                 "SLURM_NTASKS_PER_NODE"):
-        if env.get(name, "").strip().isdigit():
-            return int(env[name])
-    return None
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m launch.gpus",
@@ -128,6 +103,7 @@ def main(argv=None) -> int:
         return 2
     if sets is not None:
         env["CUDA_VISIBLE_DEVICES"] = sets[rank]
+        env[GPUS_BOUND_ENV] = "1"
     os.execvpe(command[0], command, env)
 
 

@@ -39,7 +39,8 @@ from launch import children, gpus, mpi_ranks, ports, workers
 from tfscale.cluster.contract import (CONFIG_ERROR_EXIT_CODE,
                                       PREEMPTED_EXIT_CODE,
                                       PREEMPTED_UNSAVED_EXIT_CODE,
-                                      SHARED_GPUS_ENV, seconds_problem)
+                                      GPUS_BOUND_ENV, SHARED_GPUS_ENV,
+                                      seconds_problem)
 
 
 def worker_specs(command: Sequence[str], num_workers: int,
@@ -81,8 +82,14 @@ def worker_specs(command: Sequence[str], num_workers: int,
                 "task": {"type": "worker", "index": index}})
         env.update(workers.thread_env(threads_per_worker))
         env["TFSCALE_WORKER_INDEX"] = str(index)
+        # Every worker is on this host: its local rank is its index (what
+        # a worker that sees several GPUs binds itself by,
+        # tfscale/cluster/gpu_binding.py).
+        env["TFSCALE_LOCAL_INDEX"] = str(index)
+        env["TFSCALE_LOCAL_WORKERS"] = str(num_workers)
         if gpu_sets is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu_sets[index]
+            env[GPUS_BOUND_ENV] = "1"
         # TensorFlow's C++ INFO lines (one per collective, per server start)
         # off; warnings and errors stay. A value of one's own wins.
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")

@@ -33,6 +33,14 @@ from tfscale.trainer.loop import TrainConfig, Trainer
 HOST_GPUS = 4
 
 
+@pytest.fixture(autouse=True)
+def nccl_present(monkeypatch):
+    """NCCL's library as if installed (its lookup is tests/test_gpu_binding.py's)."""
+    monkeypatch.setattr(all_reduce_impl, "load_nccl",
+                        lambda *a, **k: all_reduce_impl.NcclLibrary(
+                            all_reduce_impl.NCCL_LIBRARY, "2.27.7"))
+
+
 def cuda_listing(monkeypatch, env, host_gpus=HOST_GPUS):
     """TensorFlow's GPU listing as CUDA makes it on a host with `host_gpus`
     GPUs: the entries of `env`'s CUDA_VISIBLE_DEVICES when set ("": none),
@@ -316,7 +324,7 @@ def test_make_strategy_picks_nccl_where_each_replica_has_its_own_gpu(
 
 def test_nccl_where_it_cannot_run_is_one_line_naming_the_worker():
     for ids, shared, problem in (
-            (("h/cuda:0",), True, "its launcher shares the host's GPUs"),
+            (("h/cuda:0",), True, "the host's workers share its GPUs"),
             (("h/cuda:0", "h/cuda:0"), False,
              "it holds two replicas on h/cuda:0")):
         with pytest.raises(ConfigError, match=(
@@ -447,4 +455,4 @@ def test_a_job_names_nccl_on_a_shared_gpu_in_one_line_and_no_restart(
                           seed=0, deterministic=False)
     assert not raised.value.restartable
     assert str(raised.value).startswith(
-        "--all_reduce_alg=nccl: worker 0: its launcher shares the host's GPUs")
+        "--all_reduce_alg=nccl: worker 0: the host's workers share its GPUs")

@@ -5,7 +5,10 @@
     strategies.py    the tf.distribute strategy for a resolved cluster
     all_reduce_impl.py
                      NCCL or the gRPC ring for MWMS's all-reduce (TensorFlow's
-                     AUTO is the ring); workers on NCCL compare their GPUs
+                     AUTO is the ring); workers on NCCL compare their GPUs;
+                     NCCL's library loaded as TensorFlow loads it
+    gpu_binding.py   each process keeps its own GPUs (by its local rank)
+                     before TensorFlow's runtime starts
     devices.py       the GPUs this process sees; the devices a strategy's
                      replicas sit on (TensorFlow's default strategy too)
     placement.py     replicas and variables checked against those GPUs

@@ -24,13 +24,20 @@ through the coordination service's key-value store (`check_not_shared`):
 two workers on one GPU stop with one line naming them, not NCCL's
 "Duplicate GPU detected" at step 1. A worker whose UUIDs cannot be read
 (no `nvidia-smi`) takes no part in the comparison.
+
+And before the first collective on NCCL, `load_nccl` loads the NCCL library
+as TensorFlow does (its NCCL stub opens `libnccl.so.2` on first use, found
+through LD_LIBRARY_PATH, TensorFlow's RUNPATH, which names the
+`nvidia-nccl-cu12` wheel's folder, and the system's libraries): a missing
+one is one line naming NCCL, where it was looked for and the fix, exit 2,
+not TensorFlow's error at the first collective or a start-up wait blamed on
+unreachable peers.
 """
 
 import dataclasses
-import re
-import subprocess
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
+from tfscale.cluster import contract
 from tfscale.errors import ConfigError
 
 NCCL, RING = "nccl", "ring"
@@ -73,22 +80,13 @@ def gpu_uuids(visible: Optional[str], count: int,
                [e.strip() for e in visible.split(",") if e.strip()][:count])
     listed = {}
     if any(not e.startswith(("GPU-", "MIG-")) for e in entries):
-        try:
-            out = subprocess.run([nvidia_smi, "-L"], capture_output=True,
-                                 text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
+        listing = contract.nvidia_smi_listing(nvidia_smi)
+        if listing is None:
             return ()
-        for line in out.stdout.splitlines() if out.returncode == 0 else []:
-            found = _LISTED.match(line.strip())
-            if found:
-                listed[found.group(1)] = found.group(2)
+        listed = {index: uuid for index, uuid in listing if uuid}
     uuids = [e if e.startswith(("GPU-", "MIG-")) else listed.get(e)
              for e in entries]
     return tuple(uuids) if len(uuids) == count and all(uuids) else ()
-
-
-# A line of `nvidia-smi -L`: "GPU 0: NVIDIA H200 (UUID: GPU-5f0e...)".
-_LISTED = re.compile(r"^GPU (\d+): .*\(UUID: ([^)]+)\)")
 
 
 def choose(requested: str, ids: Sequence[str], shared: bool,
@@ -106,8 +104,8 @@ def choose(requested: str, ids: Sequence[str], shared: bool,
         return Choice(RING, "--all_reduce_alg=ring")
     if not ids:  # TensorFlow too runs an NCCL hint on CPUs as the ring
         return Choice(RING, "it sees no GPU")
-    problem = ("its launcher shares the host's GPUs among the workers "
-               "(launch.local --share_gpus)" if shared else
+    problem = ("the host's workers share its GPUs (launch.local "
+               "--share_gpus, or more workers than GPUs)" if shared else
                f"it holds two replicas on {_first_repeated(ids)}"
                if repeated else None)
     if requested == NCCL:
@@ -143,6 +141,99 @@ def shared_gpu(ids_by_worker: Mapping[int, Sequence[str]]
         if len(workers) > 1:
             return gpu, tuple(workers)
     return None
+
+
+# The library TensorFlow 2.21's NCCL stub opens (`DsoLoader::
+# GetNcclDsoHandle`), and the wheel `tensorflow[and-cuda]` 2.21 requires
+# for it.
+NCCL_LIBRARY = "libnccl.so.2"
+NCCL_REQUIREMENT = "nvidia-nccl-cu12>=2.27.7,<3"
+
+
+@dataclasses.dataclass(frozen=True)
+class NcclLibrary:
+    """The NCCL library a process loaded: its path (or the bare name the
+    system's loader found) and version ("2.27.7"; "" when it has no
+    `ncclGetVersion`)."""
+
+    path: str
+    version: str
+
+
+def nccl_places(tensorflow_dir: str, ld_library_path: str) -> list:
+    """Where TensorFlow's loader finds `NCCL_LIBRARY`, in its order: the
+    folders of LD_LIBRARY_PATH, then TensorFlow's RUNPATH (the
+    `nvidia-nccl-cu12` wheel's `site-packages/nvidia/nccl/lib`, seen from
+    `tensorflow_dir`), then the bare name (the system's cache and default
+    folders)."""
+    import os
+    places = [os.path.join(folder, NCCL_LIBRARY) for folder in
+              (ld_library_path or "").split(os.pathsep) if folder]
+    for up in ("..", os.path.join("..", "..")):
+        places.append(os.path.normpath(os.path.join(
+            tensorflow_dir, up, "nvidia", "nccl", "lib", NCCL_LIBRARY)))
+    places.append(NCCL_LIBRARY)
+    return list(dict.fromkeys(places))
+
+
+def nccl_version(code: int) -> str:
+    """NCCL's version code (`ncclGetVersion`: major x 10,000 + minor x 100
+    + patch since 2.9; major x 1,000 + minor x 100 + patch before) as
+    "2.27.7"."""
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
+def load_nccl(worker: str, ld_library_path: str = "",
+              tensorflow_dir: Optional[str] = None,
+              loader=None) -> NcclLibrary:
+    """Loads NCCL where TensorFlow would (`nccl_places`).
+
+    Args:
+        worker: Who loads it, for the line ("worker 1").
+        ld_library_path: The process's LD_LIBRARY_PATH
+            (`ClusterInfo.library_path`).
+        tensorflow_dir: TensorFlow's package folder (default: the installed
+            one's).
+        loader: `ctypes.CDLL` (a test's stand-in).
+
+    Raises:
+        ConfigError: No place has a library that loads (not restartable:
+            another attempt would fail alike).
+    """
+    import ctypes
+    import os
+    loader = loader or ctypes.CDLL
+    if tensorflow_dir is None:
+        import tensorflow as tf
+        tensorflow_dir = os.path.dirname(os.path.abspath(tf.__file__))
+    places = nccl_places(tensorflow_dir, ld_library_path)
+    failures = []
+    for place in places:
+        if os.sep in place and not os.path.exists(place):
+            continue
+        try:
+            library = loader(place)
+        except OSError as e:
+            failures.append(f"{place}: {e}")
+            continue
+        version = ""
+        get_version = getattr(library, "ncclGetVersion", None)
+        if get_version is not None:
+            code = ctypes.c_int(0)
+            if get_version(ctypes.byref(code)) == 0 and code.value > 0:
+                version = nccl_version(code.value)
+        return NcclLibrary(place, version)
+    folders = [os.path.dirname(p) for p in places if os.sep in p]
+    raise ConfigError(
+        "all_reduce_alg",
+        f"all-reduce over NCCL: {worker} cannot load NCCL ({NCCL_LIBRARY}, "
+        f"looked for in {', '.join(folders)} and the system's libraries"
+        + (f"; {failures[-1]}" if failures else "") + "): install it with "
+        f'pip install "{NCCL_REQUIREMENT}" (or tfscale\'s [and-cuda] extra; '
+        "offline: docs/gpus.md, \"A GPU host without internet\"), or use "
+        "--all_reduce_alg=ring")
 
 
 KEY = "tfscale/nccl_gpus/{}"

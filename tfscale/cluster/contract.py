@@ -40,6 +40,69 @@ DATA_SERVICE_ADDRESS_ENV = "TFSCALE_DATA_SERVICE"
 # two ranks on one GPU (`tfscale/cluster/all_reduce_impl.py`).
 SHARED_GPUS_ENV = "TFSCALE_SHARED_GPUS"
 
+# Set to "1" for workers whose launcher gave each its own GPUs through
+# `CUDA_VISIBLE_DEVICES` (`launch.local`'s binding, `python -m launch.gpus`):
+# such a worker keeps every GPU it sees (`tfscale/cluster/gpu_binding.py`).
+GPUS_BOUND_ENV = "TFSCALE_GPUS_BOUND"
+
+# Where launchers and MPI libraries put a process's index on its host (the
+# "local rank"), and how many processes share the host, first set first.
+LOCAL_RANK_VARIABLES = ("TFSCALE_LOCAL_INDEX", "OMPI_COMM_WORLD_LOCAL_RANK",
+                        "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID")
+LOCAL_SIZE_VARIABLES = ("TFSCALE_LOCAL_WORKERS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                        "MPI_LOCALNRANKS", "PMI_LOCAL_SIZE",
+                        "SLURM_NTASKS_PER_NODE")
+
+
+def local_rank(env) -> int:
+    """This process's index on its host, from the first of
+    `LOCAL_RANK_VARIABLES` that is set (0 when none is)."""
+    for name in LOCAL_RANK_VARIABLES:
+        if env.get(name, "").strip().isdigit():
+            return int(env[name])
+    return 0
+
+
+def local_workers(env):
+    """How many processes share this host, when a launcher says so (None
+    when none does)."""
+    for name in LOCAL_SIZE_VARIABLES:
+        if env.get(name, "").strip().isdigit():
+            return int(env[name])
+    return None
+
+
+def parse_nvidia_smi_listing(text: str):
+    """[(CUDA index as a string, UUID or None)] of `nvidia-smi -L`'s lines
+    ("GPU 0: NVIDIA H200 (UUID: GPU-5f0e...)"); MIG lines are skipped."""
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("GPU "):
+            continue
+        index = line.split(":", 1)[0].split()[1]
+        uuid = None
+        if "(UUID: " in line:
+            uuid = line.rsplit("(UUID: ", 1)[1].split(")", 1)[0].strip()
+        found.append((index, uuid))
+    return found
+
+
+def nvidia_smi_listing(nvidia_smi: str = "nvidia-smi"):
+    """`parse_nvidia_smi_listing` of this host's `nvidia-smi -L`, or None
+    when it cannot be run (missing: a container without the driver's
+    utility capability; failed; timed out)."""
+    import subprocess
+    try:
+        out = subprocess.run([nvidia_smi, "-L"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return parse_nvidia_smi_listing(out.stdout)
+
+
 # Lines TensorFlow prints on every start on a host without a GPU (and
 # cannot be told not to): the entry points and the data service's log pump
 # drop them.

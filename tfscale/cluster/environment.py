@@ -107,6 +107,13 @@ class ClusterInfo:
             unset), which names the GPUs behind TensorFlow's GPU:0, ...
         shares_gpus: The launcher says the host's workers share its GPUs
             (`contract.SHARED_GPUS_ENV`, `launch.local --share_gpus`).
+        gpus_bound: The launcher gave this process its own GPUs
+            (`contract.GPUS_BOUND_ENV`): it keeps every GPU it sees.
+        local_rank: This process's index on its host (`contract.local_rank`).
+        local_workers: How many processes share its host, when a launcher
+            says so (`contract.local_workers`), else None.
+        library_path: Its LD_LIBRARY_PATH (where NCCL is looked for first,
+            `all_reduce_impl.load_nccl`).
     """
 
     cluster: Mapping[str, Sequence[str]]
@@ -116,6 +123,10 @@ class ClusterInfo:
     world_size: Optional[int] = None
     visible_devices: Optional[str] = None
     shares_gpus: bool = False
+    gpus_bound: bool = False
+    local_rank: int = 0
+    local_workers: Optional[int] = None
+    library_path: str = ""
 
     @property
     def num_workers(self) -> int:
@@ -174,7 +185,11 @@ def resolve_cluster(environ: Mapping[str, str] = None,
     return dataclasses.replace(
         _where(environ, slurm_port_base, backend),
         visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
-        shares_gpus=environ.get(contract.SHARED_GPUS_ENV) == "1")
+        shares_gpus=environ.get(contract.SHARED_GPUS_ENV) == "1",
+        gpus_bound=environ.get(contract.GPUS_BOUND_ENV) == "1",
+        local_rank=contract.local_rank(environ),
+        local_workers=contract.local_workers(environ),
+        library_path=environ.get("LD_LIBRARY_PATH", ""))
 
 
 def _where(environ: Mapping[str, str], slurm_port_base: int,

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from typing import Optional
 
-from tfscale.cluster import all_reduce_impl, mpi, placement
+from tfscale.cluster import all_reduce_impl, gpu_binding, mpi, placement
 from tfscale.cluster.devices import visible_gpus
 from tfscale.cluster.environment import ClusterConfig, ClusterError, ClusterInfo
 
@@ -42,6 +42,12 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
     """
     import tensorflow as tf
 
+    who = (f"rank {info.worker_index}" if config.backend == "mpi" else
+           f"worker {info.worker_index}")
+    # Before anything starts TensorFlow's runtime: this process keeps its
+    # own GPUs only (gpu_binding.py).
+    binding = gpu_binding.bind(info, one_per_process=config.backend == "mpi",
+                               worker=who)
     gpus = visible_gpus()
     if config.backend == "mpi":
         comm = mpi.import_mpi().COMM_WORLD
@@ -64,7 +70,12 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
     worker = f"worker {info.worker_index}"
     ids = all_reduce_impl.gpu_ids(info.visible_devices, socket.gethostname())
     choice = all_reduce_impl.choose(config.all_reduce_alg, ids,
-                                    info.shares_gpus, worker)
+                                    info.shares_gpus or binding.shared,
+                                    worker)
+    if choice.implementation == all_reduce_impl.NCCL:
+        # Named here, not at the first collective (or as a start-up wait
+        # blamed on the peers).
+        all_reduce_impl.load_nccl(worker, info.library_path)
     options = communication_options(config, choice.implementation)
     with StartupWatchdog(info, config.connect_timeout_seconds):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
