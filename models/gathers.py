@@ -26,13 +26,20 @@ the same terms a scatter adds (in another order only where an id repeats:
 TensorFloat-32, as every other float32 matmul of the step does, unless
 `tf.config.experimental.enable_tensor_float_32_execution(False)`.
 
-Cost: `take_rows`'s gradient is 2 x tokens x vocabulary x hidden FLOPs and
-a one-hot of tokens x vocabulary in the gradient's dtype (BERT-base, batch
-64 of 128 tokens: 0.38 TFLOP and 1 GB in float32, against about 4.3 TFLOP
-for the rest of the step).
+Cost: `take_rows`'s gradient is 2 x tokens x vocabulary x hidden FLOPs
+(BERT-base, batch 64 of 128 tokens: 0.38 TFLOP, against about 4.3 TFLOP
+for the rest of the step), its one-hots built a block of `ONE_HOT_ROWS`
+rows of the table at a time: tokens x 2,048 in the gradient's dtype (64
+MiB in float32 at batch 64; one one-hot over the vocabulary was 1.0 GB),
+and the same sums, bit for bit.
 """
 
 import tensorflow as tf
+
+# The rows of the table one one-hot of `take_rows`'s gradient covers: at
+# BERT-base's batch 256 of 128 tokens, 32,768 x 2,048 x 4 B = 256 MiB in
+# float32 (the whole 30,522-word vocabulary at once: 4.0 GB).
+ONE_HOT_ROWS = 2048
 
 
 @tf.custom_gradient
@@ -43,9 +50,22 @@ def take_rows(table, ids):
 
     def gradient(dy):
         flat_ids = tf.reshape(ids, [-1])
-        one_hot = tf.one_hot(flat_ids, tf.shape(table)[0], dtype=dy.dtype)
         flat_dy = tf.reshape(dy, [-1, tf.shape(table)[1]])
-        return tf.matmul(one_hot, flat_dy, transpose_a=True), None
+        vocab = table.shape[0]
+        if vocab is None:  # (a static table is the rule: a variable's)
+            one_hot = tf.one_hot(flat_ids, tf.shape(table)[0],
+                                 dtype=dy.dtype)
+            return tf.matmul(one_hot, flat_dy, transpose_a=True), None
+        # The table's rows in blocks of ONE_HOT_ROWS: each block's one-hot
+        # is tokens x ONE_HOT_ROWS (an id outside the block is a row of
+        # zeros), and each gradient element sums the same terms in the
+        # same order as one one-hot over the whole vocabulary would.
+        blocks = [tf.matmul(tf.one_hot(flat_ids - start,
+                                       min(ONE_HOT_ROWS, vocab - start),
+                                       dtype=dy.dtype),
+                            flat_dy, transpose_a=True)
+                  for start in range(0, vocab, ONE_HOT_ROWS)]
+        return (blocks[0] if len(blocks) == 1 else tf.concat(blocks, 0)), None
     return rows, gradient
 
 

@@ -132,14 +132,16 @@ def test_the_scatter_free_bert_ends_where_todays_does():
 
 
 def step_hlo(scatter_free: bool, policy="mixed_bfloat16",
-             device="/cpu:0") -> str:
-    """The HLO of BERT-tiny's one-program step (one replica, --xla)."""
+             device="/cpu:0", config=TINY, batch=8, seq=16,
+             predictions=4) -> str:
+    """The HLO of BERT's one-program step (one replica, --xla; BERT-tiny
+    of 128 words, batch 8 of 16 tokens unless told)."""
     precision.set_precision(policy)
     try:
         keras.utils.set_random_seed(0)
         strategy = tf.distribute.MirroredStrategy([device])
         with strategy.scope():
-            model = bert.make_pretrainer(TINY, 16, 4,
+            model = bert.make_pretrainer(config, seq, predictions,
                                          scatter_free=scatter_free)
             optimizer = Lamb(1e-3, weight_decay_rate=0.01)
             metrics = bert.pretraining_metrics()
@@ -147,9 +149,10 @@ def step_hlo(scatter_free: bool, policy="mixed_bfloat16",
             model=model, optimizer=optimizer, strategy=strategy,
             loss_fn=bert.make_pretraining_loss(scatter_free),
             metrics=metrics, config=TrainConfig(
-                global_batch_size=8, jit_compile=True, compile_update=True,
-                precision=policy, verbose=0))
-        feed = ReplicaFeed(strategy, lambda c: make_data(8, 16, 4, 128),
+                global_batch_size=batch, jit_compile=True,
+                compile_update=True, precision=policy, verbose=0))
+        feed = ReplicaFeed(strategy, lambda c: make_data(
+            batch, seq, predictions, config.vocab_size),
                            num_replicas=1, num_workers=1, worker_index=0)
         trainer._replica_feed = feed  # what fit sets: the step reads it
         with trainer_parts.borrowed(model, trainer.optimizer):
@@ -174,3 +177,71 @@ def test_the_deterministic_step_holds_no_scatter_and_no_loop(device):
     assert instructions(free, "scatter") == 0
     assert instructions(free, "while") == 0
     assert instructions(todays, "scatter") == 6
+
+
+def test_take_rows_in_blocks_of_the_vocabulary_sums_what_one_one_hot_sums():
+    """A table of 5,000 rows (3 blocks of `ONE_HOT_ROWS`): the same
+    gradient, bit for bit, as one one-hot over every row, and the gather's
+    on whole numbers."""
+    rng = np.random.default_rng(4)
+    table = tf.constant(rng.normal(size=(5000, 6)), tf.float32)
+    ids = tf.constant(rng.integers(0, 5000, (4, 32)), tf.int32)
+    ids = tf.concat([ids, [[0, 2047, 2048, 4999] * 8]], 0)  # block edges
+    dy = tf.constant(rng.normal(size=(5, 32, 6)), tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(table)
+        rows = gathers.take_rows(table, ids)
+    blocked = tape.gradient(rows, table, output_gradients=dy).numpy()
+    one_hot = tf.one_hot(tf.reshape(ids, [-1]), 5000)
+    whole = tf.matmul(one_hot, tf.reshape(dy, [-1, 6]),
+                      transpose_a=True).numpy()
+    np.testing.assert_array_equal(blocked, whole)
+    np.testing.assert_array_equal(rows.numpy(), tf.gather(table, ids).numpy())
+    whole_numbers = tf.round(dy * 4)
+    with tf.GradientTape() as tape:
+        tape.watch(table)
+        rows = gathers.take_rows(table, ids)
+    with tf.GradientTape() as reference:
+        reference.watch(table)
+        gathered = tf.gather(table, ids)
+    np.testing.assert_array_equal(
+        tape.gradient(rows, table, output_gradients=whole_numbers).numpy(),
+        tf.convert_to_tensor(reference.gradient(
+            gathered, table, output_gradients=whole_numbers)).numpy())
+
+
+def one_hot_bytes(hlo: str) -> list:
+    """(bytes, shape) of every array the step's one-hots make (the HLO
+    instructions of TensorFlow's OneHot ops), largest first."""
+    import re
+    sizes = {"f32": 4, "s32": 4, "bf16": 2, "f16": 2, "pred": 1}
+    found = []
+    for line in hlo.splitlines():
+        if 'op_type="OneHot"' not in line:
+            continue
+        shape = re.search(r"= (\w+)\[([\d,]*)\]", line)
+        if shape and shape.group(1) in sizes:
+            dims = [int(d) for d in shape.group(2).split(",") if d]
+            found.append((sizes[shape.group(1)] * int(np.prod(dims)),
+                          shape.group(1) + str(dims)))
+    return sorted(found, reverse=True)
+
+
+@pytest.mark.slow
+def test_the_deterministic_bert_base_step_holds_no_one_hot_over_every_token_and_word():
+    """BERT-base (30,522 words), batch 64 of 128 tokens, 20 predictions,
+    mixed_bfloat16, the GPU branch: the embeddings' one-hots are 8,192
+    tokens x 2,048 rows (64 MiB; one over the vocabulary was 1.0 GB:
+    mutation tried), and the largest one-hot of the step is the
+    cross-entropy's, the size of the logits it picks from (1,280 x 30,522
+    x 4 B = 156 MB): docs/gpus.md states both."""
+    base = bert_config.preset("bert_base")
+    with op_determinism():
+        hlo = step_hlo(True, device="/gpu:0", config=base, batch=64,
+                       seq=128, predictions=20)
+    found = one_hot_bytes(hlo)
+    tokens = 64 * 128
+    embeddings = [b for b, shape in found if f"[{tokens}," in shape]
+    assert embeddings and max(embeddings) == tokens * gathers.ONE_HOT_ROWS * 4
+    logits = 64 * 20 * base.vocab_size * 4
+    assert found[0][0] == logits, found[:3]

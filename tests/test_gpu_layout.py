@@ -219,17 +219,22 @@ def test_single_worker_mwms_on_the_gpu_branch_ends_where_the_cpu_branch_ends(
 
 
 @pytest.mark.slow
-def test_two_sharded_workers_on_the_gpu_branch_end_where_the_cpu_branch_ends(
-        tmp_path):
-    """ZeRO-1 over two MWMS workers, LAMB with --xla: the sharded sync and
-    update (compiled pieces between the reduce-scatter, the norms'
-    all-reduce and the all-gather) on the GPU branch."""
+@pytest.mark.parametrize("sharded", [True, False],
+                         ids=["zero-1", "plain all-reduce"])
+def test_two_workers_on_the_gpu_branch_end_where_the_cpu_branch_ends(
+        tmp_path, sharded):
+    """Two MWMS workers, LAMB with --xla, on the GPU branch: with ZeRO-1,
+    the sharded sync and update (compiled pieces between the
+    reduce-scatter, the norms' all-reduce and the all-gather); without
+    it, the plain all-reduce of every gradient (the step a first
+    multi-worker GPU run takes by default)."""
     results = {}
     for branch in ("cpu", "gpu"):
         out = tmp_path / branch
         out.mkdir()
         run_workers(2, ["tests.workers.train_worker", "--out", str(out),
-                        "--optimizer", "lamb", "--shard", "--xla",
+                        "--optimizer", "lamb",
+                        *(["--shard"] if sharded else []), "--xla",
                         "--steps", "8", "--steps_per_execution", "3",
                         *(["--gpu_branch"] if branch == "gpu" else [])])
         results[branch] = [np.load(out / f"weights_{i}.npz")

@@ -13,12 +13,26 @@ from tests.conftest import run_workers
 pytestmark = pytest.mark.slow
 
 
+OUTPUTS = {}
+
+
 def tutorial(num_workers, out, *args, launcher_args=()):
     out.mkdir()
-    run_workers(num_workers, ["tests.workers.keras_tutorial", f"--out={out}",
-                              *args], launcher_args=launcher_args,
-                timeout=400)
+    _, OUTPUTS[out.name] = run_workers(
+        num_workers, ["tests.workers.keras_tutorial", f"--out={out}", *args],
+        launcher_args=launcher_args, timeout=400)
     return [load(out / f"weights_{i}.npz") for i in range(num_workers)]
+
+
+def assert_each_worker_said_where_it_trains(output, num_workers):
+    """One `placement:` line from each worker's own script (a user's
+    `model.fit` or Trainer prints it, not only the jobs)."""
+    for index in range(num_workers):
+        said = [line for line in output.splitlines()
+                if line.startswith(f"[worker {index}]")
+                and "tfscale: placement: 1 replica on CPU:0" in line]
+        assert len(said) == 1, output[-3000:]
+        assert f"(worker {index} sees no GPU)" in said[0]
 
 
 def load(path):
@@ -45,6 +59,8 @@ def test_tutorial_on_two_workers_fit_trainer_and_kill9_resume(tmp_path):
     # through fit and through the Trainer alike.
     assert_identical(fit2[0], fit2[1])
     assert_identical(trainer2[0], trainer2[1])
+    assert_each_worker_said_where_it_trains(OUTPUTS["fit2"], 2)
+    assert_each_worker_said_where_it_trains(OUTPUTS["trainer2"], 2)
     # The Trainer computes what fit computes, bit for bit (same slices, same
     # all-reduce, on CPUs its default update op by op as Keras's; an
     # XLA-compiled one, `compile_update=True`, rounds otherwise: 1.1e-3

@@ -456,3 +456,75 @@ def test_a_job_names_nccl_on_a_shared_gpu_in_one_line_and_no_restart(
     assert not raised.value.restartable
     assert str(raised.value).startswith(
         "--all_reduce_alg=nccl: worker 0: the host's workers share its GPUs")
+
+
+def test_the_trainer_checks_every_variable_once_the_slots_exist(
+        monkeypatch):
+    """After the optimizer is built, its slots (and the model's other
+    variables) are checked too, not only the trainable ones (mutation
+    tried: the second check removed -> fails)."""
+    from tfscale.trainer import parts
+    checked = []
+    real = placement.check
+
+    def recording(strategy, variables=(), **kwargs):
+        checked.append([getattr(v, "path", v.name) for v in variables])
+        return real(strategy, variables, **kwargs)
+    monkeypatch.setattr(parts.placement, "check", recording)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model = small_model()
+        optimizer = keras.optimizers.Adam(0.1)
+    Trainer(model=model, optimizer=optimizer,
+            loss_fn=keras.losses.MeanSquaredError(), strategy=strategy,
+            config=TrainConfig(global_batch_size=8, verbose=0))
+    slots = [v.path for v in optimizer.variables]
+    assert any("momentum" in s or "velocity" in s for s in slots)
+    assert set(slots) <= set(checked[-1])
+
+
+def test_a_slot_off_the_gpu_is_refused_naming_it():
+    """A plain tf.Variable (the sharded update's slots are) on the CPU
+    while the worker's replicas are on its GPU."""
+    strategy = tf.distribute.MirroredStrategy(["/gpu:0"])
+    with tf.device("/cpu:0"):
+        slot = tf.Variable(tf.zeros([4]), name="sharded_m")
+    with pytest.raises(placement.PlacementError,
+                       match=r"but variable sharded_m\S* is on "
+                             r"/job:localhost/replica:0/task:0/device:CPU:0"):
+        placement.check(strategy, [slot], gpus=("/device:GPU:0",))
+
+
+def test_a_users_trainer_says_where_it_trains_once(capsys):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model = small_model()
+        optimizer = keras.optimizers.SGD(0.1)
+    said = {}
+    for name, fields in (("default", {}), ("quiet", dict(verbose=0)),
+                         ("jobs", dict(say_placement=False))):
+        Trainer(model=model, optimizer=optimizer,
+                loss_fn=keras.losses.MeanSquaredError(), strategy=strategy,
+                config=TrainConfig(global_batch_size=8, **fields))
+        said[name] = [line for line in capsys.readouterr().out.splitlines()
+                      if "placement:" in line]
+    assert said["default"] == [
+        "tfscale: placement: 1 replica on CPU:0, variables on CPU:0 "
+        "(worker 0 sees no GPU)"]
+    assert said["quiet"] == said["jobs"] == []
+
+
+def test_keras_fit_says_where_it_trains_once_per_worker(capsys):
+    import tfscale
+    tfscale.enable_multi_worker_fit()
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        model = small_model()
+        model.compile(optimizer="sgd", loss="mse")
+    x = np.ones((16, 4), "float32")
+    for _ in range(2):
+        model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=2)
+    said = [line for line in capsys.readouterr().out.splitlines()
+            if "placement:" in line]
+    assert said == ["tfscale: placement: 2 replicas on CPU:0, CPU:1, "
+                    "variables on CPU:0, CPU:1 (worker 0 sees no GPU)"]

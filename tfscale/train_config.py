@@ -93,6 +93,10 @@ class TrainConfig:
             worker at once (`fail_fast.install`, a `sys.excepthook` for the
             rest of the process), so its peers fail at once too. False:
             the process's hook stays the user's.
+        say_placement: Every worker says where it trains (its `placement:`
+            line: replicas, variables, the GPUs it sees) once, when its
+            Trainer is built, unless `verbose` is 0. The jobs turn it off:
+            their start banner has the line.
     """
 
     global_batch_size: int
@@ -116,6 +120,7 @@ class TrainConfig:
     shard_optimizer_state: bool = False
     noise_scale: NoiseScaleConfig = NoiseScaleConfig()
     fail_fast: bool = True
+    say_placement: bool = True
 
     def __post_init__(self):
         if self.global_batch_size <= 0:

@@ -277,6 +277,7 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
         log_steps=log_steps,
         steps_per_execution=values.steps_per_execution or log_steps,
         max_call_seconds=values.max_call_seconds, verbose=2,
+        say_placement=False,  # in the start banner
         steps_per_launch=values.steps_per_launch,
         timed_steps_per_log=values.timed_steps_per_log,
         noise_scale=noise_scale_from_flags(values), **more)

@@ -97,7 +97,8 @@ def check(strategy, variables: Sequence = (), *, worker: str = "worker 0",
         strategy: Any `tf.distribute` strategy (TensorFlow's default one
             too).
         variables: Keras or TensorFlow variables created under it (the
-            model's trainable ones); none: the replicas alone.
+            model's, and once built the optimizer's slots); none: the
+            replicas alone.
         worker: Who this is, for the line ("worker 1", "rank 0").
         gpus: What the worker sees (default: `devices.visible_gpus()`).
 
@@ -112,8 +113,10 @@ def check(strategy, variables: Sequence = (), *, worker: str = "worker 0",
     replicas = tuple(devices.worker_devices(strategy))
     on = {}
     for variable in variables:
+        # A Keras variable's tensor is its `value`; a tf.Variable's is itself.
+        value = getattr(variable, "value", variable)
         for part in strategy.experimental_local_results(
-                getattr(variable, "value", variable)):
+                variable if callable(value) else value):
             on.setdefault(part.device, getattr(variable, "path",
                                                variable.name))
     placement = Placement(worker=worker, gpus=gpus, replicas=replicas,

@@ -71,8 +71,13 @@ def _multi_worker_fit(fit, model, *args, **kwargs):
     # Any strategy: a worker that sees a GPU trains on it, or stops here in
     # one line (a strategy built on a resolver without num_accelerators
     # would train on the CPU: `placement.py`).
-    placement.check(strategy, model.trainable_variables,
-                    worker=f"worker {worker_index(strategy)}")
+    where = placement.check(strategy, model.trainable_variables,
+                            worker=f"worker {worker_index(strategy)}")
+    # Every worker says where it trains, once (quiet: verbose=0).
+    if (arguments.get("verbose", "auto") != 0
+            and not getattr(model, "_tfscale_placement_said", False)):
+        print(f"tfscale: {where.describe()}", flush=True)
+        model._tfscale_placement_said = True
     if strategy.num_replicas_in_sync == 1:
         return fit(model, *args, **kwargs)
     # Several replicas, on one worker or many: the gradient math.

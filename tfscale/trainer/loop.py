@@ -144,6 +144,8 @@ class Trainer:
         # A launch of K steps (`steps_per_launch`) has run: its program,
         # compiled at its first call, is ready.
         self._launch_ran = config.steps_per_launch <= 1
+        if config.say_placement and config.verbose:
+            console.say(self.placement.describe())
 
     @property
     def launch_ran(self) -> bool:

@@ -145,6 +145,13 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
     check_fits(model, config, replicas)
     optimizer, loss_scale, sharded = _optimizer(model, optimizer, strategy,
                                                 config, collectives)
+    # Once the optimizer's slots exist: every variable of the run (the
+    # model's others, the slots, the sharded update's) where the replicas
+    # are too.
+    where = placement.check(
+        strategy, [*model.variables, *optimizer.variables,
+                   *(sharded.slots.values() if sharded is not None else ())],
+        worker=_who(collectives))
     position = RunPosition(config.global_batch_size)
     train_step = TrainStep(
         model=model, optimizer=optimizer, loss_fn=loss_fn, metrics=metrics,
