@@ -14,9 +14,9 @@ EXTRAS = {
     "tfds": ["tensorflow-datasets>=4.9.10,<5", "importlib_resources>=6"],
     # WordPiece for the BERT writer and the demo.
     "text": ["tensorflow-text>=2.21.1,<2.22"],
-    # TensorFlow's CUDA and cuDNN libraries from PyPI (Linux x86-64):
-    # pip install ".[and-cuda]" in the checkout is all a GPU host needs
-    # beside the NVIDIA driver (docs/gpus.md).
+    # TensorFlow's CUDA, cuDNN and NCCL libraries from PyPI (Linux x86-64):
+    # pip install ".[and-cuda]" in the checkout, beside the NVIDIA driver
+    # (docs/gpus.md; offline: python -m launch.wheelhouse).
     "and-cuda": ["tensorflow[and-cuda]>=2.21.0,<2.22"],
     "plot": ["matplotlib>=3.8"],
     # benchmarks/time_to_accuracy.py --task digits: scikit-learn ships the
@@ -79,5 +79,6 @@ setup(
         "tfscale-launch=launch.local:main",
         "tfscale-run=launch.horovodrun:main",
         "tfscale-plan=planning.cli:main",
+        "tfscale-gpu-check=launch.gpu_check.cli:main",
     ]},
 )

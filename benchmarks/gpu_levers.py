@@ -30,13 +30,14 @@ after BERT-base `all`'s timing (all levers: the run expected fastest) is
 profiled (CUDA graphs kept on in the profile:
 --xla_enable_command_buffers_during_profiling=true) and summed per step as
 GPU idle and kernel time by kind (`xplane_top.step_summary`).
-A share of peak counts `gpu_check.flops_per_sequence` (6 x the
+A share of peak counts `launch.gpu_check.figures.flops_per_sequence` (6 x the
 non-embedding parameters' multiply-adds x 128 tokens plus the attention's
 matmuls: 67.0 GFLOP a BERT-base sequence, 236.8 BERT-large) against 989
 TFLOP/s of dense bf16 (an H100 SXM's and an H200's). Writes levers.json
 and levers.md in --output_dir.
 """
 
+import glob
 import json
 import os
 import sys
@@ -148,8 +149,9 @@ def profile_summary(folder: str, steps: int) -> dict:
 
 
 def main(args, out: str) -> int:
-    from benchmarks.gpu_check import (PEAK_BF16_TFLOPS, flops_per_sequence,
-                                      make_records)
+    from launch.gpu_check.figures import PEAK_TFLOPS, flops_per_sequence
+    from input_pipelines.synthetic_bert import write_records
+    PEAK_BF16_TFLOPS = PEAK_TFLOPS["H100"]  # the H200's is the same
     # (--tiny: XLA forced on the CPU, where its default is off, so the
     # step is one program as on a GPU.)
     args.precision = (["--xla"] if args.tiny
@@ -158,7 +160,9 @@ def main(args, out: str) -> int:
     args.warmup_steps, args.timed_steps = ((24, 24) if args.tiny else
                                            (args.warmup_steps,
                                             args.timed_steps))
-    make_records(args)
+    if not glob.glob(os.path.join(args.records, "bert-*.tfrecord")):
+        os.makedirs(args.records, exist_ok=True)
+        write_records(args.records, 4096, 4)
     configs = model_configs(args, out)
     gates = os.path.join(out, "gates")
     os.makedirs(gates, exist_ok=True)

@@ -21,7 +21,6 @@ and prints a table of ratios. Results go in benchmarks/README.md.
 
 import argparse
 import os
-import random
 import statistics
 import tempfile
 import time
@@ -29,27 +28,7 @@ import time
 import tensorflow as tf
 
 from input_pipelines import bert_records, record_checks, tfrecord
-from input_pipelines.bert_records import BertRecordSpec
-
-SPEC = BertRecordSpec(128, 20)
-
-
-def write_records(directory, num_records, num_files, seed=0):
-    rng = random.Random(seed)
-    names = [os.path.join(directory, f"bert-{i:03d}.tfrecord")
-             for i in range(num_files)]
-    writers = [tf.io.TFRecordWriter(n) for n in names]
-    for i in range(num_records):
-        length = rng.randint(64, 128)
-        ids = [rng.randint(5, 30000) for _ in range(length)]
-        segments = [0] * (length // 2) + [1] * (length - length // 2)
-        positions = sorted(rng.sample(range(1, length), 20))
-        writers[i % num_files].write(bert_records.serialize_instance(
-            ids, segments, positions, [ids[p] for p in positions],
-            rng.random() < 0.5, SPEC))
-    for w in writers:
-        w.close()
-    return names
+from input_pipelines.synthetic_bert import SPEC, write_records
 
 
 def examples_per_second(dataset, batch_size, warmup=40, batches=400):

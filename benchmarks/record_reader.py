@@ -29,7 +29,7 @@ import numpy as np
 from input_pipelines import bert_records, tfrecord
 from input_pipelines.record_order import index as record_index
 from input_pipelines.record_order import reader as reader_lib
-from benchmarks.input_pipeline import SPEC, write_records
+from input_pipelines.synthetic_bert import SPEC, write_records
 
 BATCH = 256
 

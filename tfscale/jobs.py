@@ -280,6 +280,8 @@ def run(task: Task) -> dict:
     if speaks:
         print(job_lines.before(task, info, trainer, built, xla, xla_why),
               flush=True)
+    elif config.train.verbose > 0:  # every worker says where it trains
+        print(f"  {trainer.placement.describe()}", flush=True)
 
     # A signal in any phase (training, evaluation, before the exports) is
     # acted on at the next point every worker agrees on (`preemption.py`).

@@ -88,21 +88,6 @@ def parse_nvidia_smi_listing(text: str):
     return found
 
 
-def nvidia_smi_listing(nvidia_smi: str = "nvidia-smi"):
-    """`parse_nvidia_smi_listing` of this host's `nvidia-smi -L`, or None
-    when it cannot be run (missing: a container without the driver's
-    utility capability; failed; timed out)."""
-    import subprocess
-    try:
-        out = subprocess.run([nvidia_smi, "-L"], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    return parse_nvidia_smi_listing(out.stdout)
-
-
 # Lines TensorFlow prints on every start on a host without a GPU (and
 # cannot be told not to): the entry points and the data service's log pump
 # drop them.

@@ -94,6 +94,16 @@ def _optimizer(model, optimizer, strategy, config: TrainConfig,
     return optimizer, loss_scale, sharded
 
 
+def _check_every_variable(strategy, model, optimizer, sharded, who: str):
+    """Once the optimizer's slots exist: every variable of the run (the
+    model's others, the slots, the sharded update's) where the replicas
+    are (`placement.check`)."""
+    return placement.check(
+        strategy, [*model.variables, *optimizer.variables,
+                   *(sharded.slots.values() if sharded is not None else ())],
+        worker=who)
+
+
 def check_default_strategy(strategy, backend) -> None:
     """A model built and compiled outside any `strategy.scope()` trains on
     TensorFlow's default strategy, as Keras's `fit` does: one replica, on
@@ -139,19 +149,12 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
                    if isinstance(backend, str) else backend)
     # Before anything is traced: a run on the wrong devices stops here, in
     # one line (never a silent CPU run on a GPU host).
-    where = placement.check(strategy, model.trainable_variables,
-                            worker=_who(collectives))
+    placement.check(strategy, model.trainable_variables,
+                    worker=_who(collectives))
     replicas = collectives.num_replicas
     check_fits(model, config, replicas)
     optimizer, loss_scale, sharded = _optimizer(model, optimizer, strategy,
                                                 config, collectives)
-    # Once the optimizer's slots exist: every variable of the run (the
-    # model's others, the slots, the sharded update's) where the replicas
-    # are too.
-    where = placement.check(
-        strategy, [*model.variables, *optimizer.variables,
-                   *(sharded.slots.values() if sharded is not None else ())],
-        worker=_who(collectives))
     position = RunPosition(config.global_batch_size)
     train_step = TrainStep(
         model=model, optimizer=optimizer, loss_fn=loss_fn, metrics=metrics,
@@ -191,13 +194,12 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
         collectives=collectives, optimizer=optimizer, loss_scale=loss_scale,
         sharded=sharded, per_replica_batch_size=per_replica,
         position=position, train_step=train_step, noise_scale=noise_scale,
-        adascale=adascale,
-        eval_step=evaluation.EvalStep(
+        adascale=adascale, eval_step=evaluation.EvalStep(
             model=model, loss_fn=loss_fn, metrics=metrics, strategy=strategy,
-            collectives=collectives),
-        fit_start=fit_start,
+            collectives=collectives), fit_start=fit_start,
         noise_notice=(NOISE_NOT_MEASURED if config.noise_scale.enabled
                       and not train_step.measures_noise else None),
         saver=resume_lib.Saver(keeper, position, noise_scale=noise_scale,
                                sharded=sharded),
-        placement=where)
+        placement=_check_every_variable(strategy, model, optimizer, sharded,
+                                        _who(collectives)))
