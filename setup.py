@@ -63,6 +63,9 @@ setup(
         # The jobs' and the Trainer's TensorBoard event files.
         "tensorboard>=2.21.0,<2.22",
         "numpy>=1.26",
+        # Every record's CRC-32C checked as the global order reads it
+        # (Google's C library; input_pipelines/record_order/crc.py).
+        "google-crc32c>=1.9.0,<2",
     ],
     extras_require=EXTRAS,
     # The entry points, as console scripts of modules inside the packages

@@ -113,7 +113,8 @@ def config_from_flags() -> WriterConfig:
         fail("--num_output_shards and --dupe_factor must be >= 1")
     try:
         return WriterConfig(
-            inputs=tuple(expand_files(FLAGS.input_file)),
+            inputs=tuple(expand_files(FLAGS.input_file,
+                                      allow_partial_shards=True)),
             output_file=FLAGS.output_file, vocab_file=FLAGS.vocab_file,
             vocab_size=FLAGS.vocab_size, lower_case=FLAGS.do_lower_case,
             instances=bi.InstanceConfig(

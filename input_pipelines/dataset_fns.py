@@ -65,7 +65,8 @@ class PositionedDatasetFn(DatasetFn):
         """The identity of this order (JSON): files, their record counts
         and content fingerprints, the seed."""
         if self._order is None:
-            files = expand_files(self._config.input_files)
+            files = expand_files(self._config.input_files,
+                                 self._config.allow_partial_shards)
             offsets = record_index.load(files)
             seed = (DEFAULT_ORDER_SEED if self._config.seed is None
                     else self._config.seed)
@@ -94,7 +95,7 @@ def make_dataset_fn(config: TFRecordConfig, build: Callable) -> DatasetFn:
     positioned in the global order, run by the tf.data service when the
     config names one. Fails now, on the host, naming a pattern that matches
     nothing, rather than inside tf.data."""
-    expand_files(config.input_files)
+    expand_files(config.input_files, config.allow_partial_shards)
     if config.training and config.service is not None:
         return service_lib.ServiceDatasetFn(
             lambda seed: build(_service_records(config, seed), None, 0),

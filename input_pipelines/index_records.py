@@ -41,7 +41,8 @@ def main(argv):
 
     from input_pipelines import record_files
     try:
-        files = record_files.expand_files(argv[1:])
+        files = record_files.expand_files(argv[1:],
+                                             allow_partial_shards=True)
         config = engine.config_from_flags(FLAGS, FLAGS.num_processes)
     except ValueError as e:
         usage_error("index_records", f"{e}")

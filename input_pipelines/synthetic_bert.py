@@ -27,6 +27,7 @@ def write_records(directory: str, num_records: int, num_files: int,
     """Writes `num_records` records round-robin into `num_files` files
     `bert-000.tfrecord`, ... in `directory`; returns their paths."""
     import tensorflow as tf
+    os.makedirs(directory, exist_ok=True)
     rng = random.Random(seed)
     names = [os.path.join(directory, f"bert-{i:03d}.tfrecord")
              for i in range(num_files)]

@@ -102,6 +102,11 @@ class TFRecordConfig:
         order: Training order: "global" (the same records in every global
             batch on any worker count; exact resume on any count) or
             "sharded" (files dealt out per worker). See the module doc.
+        verify_records: The global order's reader checks every record's
+            CRC-32C as it reads it (`record_order/reader.py`); the sharded
+            order's `TFRecordDataset` always does.
+        allow_partial_shards: Read a shard set `NAME-i-of-N` with shards
+            missing (a writer that did not finish); refused otherwise.
         service: Run the training pipeline on a tf.data service
             (`service.py`; order "sharded" without per-worker shards: the
             service deals out the files).
@@ -123,6 +128,8 @@ class TFRecordConfig:
     autotune_ram_budget: Optional[int] = None
     order: str = "global"
     service: Optional[service_lib.ServiceConfig] = None
+    verify_records: bool = True
+    allow_partial_shards: bool = False
 
     def __post_init__(self):
         if self.order not in ORDERS:
@@ -275,13 +282,16 @@ def make_example_dataset(config: TFRecordConfig, batch_size: int,
 
 def describe_input(config: TFRecordConfig) -> str:
     """"input 16 files, global order (seed 7)", or where the service is."""
-    files = len(expand_files(config.input_files))
+    files = len(expand_files(config.input_files,
+                         config.allow_partial_shards))
     if config.service is not None:
         return (f"input {files} files, read by the tf.data service at "
                 f"{config.service.address} ({config.service.processing_mode}"
                 f", job {config.service.job_name})")
     order = "global" if uses_global_order(config) else "sharded"
-    return f"input {files} files, {order} order (seed {config.seed})"
+    unchecked = ("; CRCs not checked (--verify_records=false)"
+                 if order == "global" and not config.verify_records else "")
+    return f"input {files} files, {order} order (seed {config.seed}){unchecked}"
 
 
 def uses_global_order(config: TFRecordConfig) -> bool:
@@ -295,7 +305,8 @@ def uses_global_order(config: TFRecordConfig) -> bool:
                         " reading them in the sharded order (it depends on "
                         "the worker count)", config.compression_type)
         return False
-    files = expand_files(config.input_files)
+    files = expand_files(config.input_files,
+                         config.allow_partial_shards)
     remote = [f for f in files if "://" in f]
     if remote:
         logging.warning("tfscale: %s is not on a local file system: reading "
@@ -314,7 +325,8 @@ def check_index(config: TFRecordConfig) -> None:
         InputError: Naming the file.
     """
     if uses_global_order(config):
-        open_records(expand_files(config.input_files)).close()
+        open_records(expand_files(config.input_files,
+                         config.allow_partial_shards)).close()
 
 
 def _global_chunks(config: TFRecordConfig,
@@ -324,8 +336,9 @@ def _global_chunks(config: TFRecordConfig,
     """Chunks of (global positions, serialized records) of this pipeline,
     forever, in the global order; a chunk holds whole global micro-batches'
     worth of this pipeline's records (>= `chunk_records`)."""
-    files = expand_files(config.input_files)
-    reader = open_records(files)
+    files = expand_files(config.input_files,
+                         config.allow_partial_shards)
+    reader = open_records(files, verify_records=config.verify_records)
     num = input_context.num_input_pipelines if input_context else 1
     index = input_context.input_pipeline_id if input_context else 0
     local_replicas = (input_context.num_replicas_in_sync // num
@@ -378,7 +391,8 @@ def _records(config: TFRecordConfig,
              input_context: Optional[tf.distribute.InputContext]):
     """This pipeline's serialized records (sharded, interleaved, cached) and
     whether its order must be deterministic."""
-    files = expand_files(config.input_files)
+    files = expand_files(config.input_files,
+                         config.allow_partial_shards)
     num = input_context.num_input_pipelines if input_context else 1
     index = input_context.input_pipeline_id if input_context else 0
     own_files, by_file = shard_files(files, num, index)

@@ -193,3 +193,77 @@ def test_command_line_vocab_mismatch_is_one_line(tmp_path):
     assert last.startswith(f"run_pretraining: error: --input_file: {bad}: "
                            "record 0: input_ids holds id ")
     assert "outside [0, 64) of the model's vocab_size" in last
+
+
+def corrupt_one_token(path, record):
+    """One byte of one token id of `record` changed, its CRC left stale
+    (a flipped bit on a disk or a copy)."""
+    from input_pipelines.record_order import index as record_index
+    offsets = record_index.load([path])[0]
+    end = int(offsets[record + 1])
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        start = int(offsets[record]) + 12
+        # The first input_ids byte: the payload holds the features by name.
+        at = data.index(b"input_ids", start) + 20
+        assert at < end - 4
+        data[at] ^= 0x01
+        f.seek(0)
+        f.write(data)
+
+
+def test_a_record_with_a_stale_crc_is_named_and_not_trained_on(tmp_path):
+    """A byte of one token changed (TensorFlow's reader: "corrupted
+    record"): the run stops at the batch that holds it, naming the file
+    and the record (before: exit 0, 138 of 139 variables different from a
+    clean run). --verify_records=false reads it, and the banner says so."""
+    bad = write_records(tmp_path / "train.tfrecord")
+    corrupt_one_token(bad, 40)
+    config = make_config(tmp_path, bad, eval_records=None,
+                         optim=OptimConfig(optimizer="adamw",
+                                           learning_rate=1e-3, warmup_steps=1,
+                                           total_steps=8))
+    with pytest.raises(JobError) as info:
+        train_and_evaluate(config)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"{bad}: record 40 is corrupt: its CRC-32C does not match" in \
+        message
+    unchecked = dataclasses.replace(config, train_records=dataclasses.replace(
+        config.train_records, verify_records=False),
+        output_dir=str(tmp_path / "unchecked"))
+    assert tfrecord.describe_input(unchecked.train_records).endswith(
+        "; CRCs not checked (--verify_records=false)")
+
+
+def test_a_corrupt_record_on_the_command_line_is_exit_2_and_one_line(
+        tmp_path):
+    bad = write_records(tmp_path / "train.tfrecord")
+    corrupt_one_token(bad, 40)
+    code, output = run_command(
+        [sys.executable, "run_pretraining.py", f"--input_file={bad}",
+         f"--output_dir={tmp_path / 'out'}", "--vocab_size=64",
+         "--max_seq_length=16", "--max_predictions_per_seq=3",
+         "--train_batch_size=8", "--num_train_steps=8",
+         "--num_warmup_steps=1"], timeout=200)
+    assert code == 2, output[-3000:]  # launchers do not restart it
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("run_pretraining: error: --input_file: ")
+    assert f"{bad}: record 40 is corrupt: its CRC-32C" in last
+
+
+def test_four_of_eight_shards_are_refused_and_trained_with_the_flag(
+        tmp_path):
+    for i in range(4):
+        write_records(tmp_path / f"train-{i:05d}-of-00008.tfrecord", n=16,
+                      seed=i)
+    pattern = str(tmp_path / "train-*")
+    config = make_config(tmp_path, pattern, eval_records=None)
+    with pytest.raises(JobError) as info:
+        train_and_evaluate(config)
+    assert str(info.value).startswith(
+        "--input_file: 4 shard(s) of train-00004-of-00008.tfrecord's set are "
+        "missing: train-00004-of-00008.tfrecord, ")
+    partial = dataclasses.replace(config, train_records=dataclasses.replace(
+        config.train_records, allow_partial_shards=True))
+    assert train_and_evaluate(partial)["steps"] == 4

@@ -416,3 +416,59 @@ def test_a_save_killed_midway_leaves_no_temp_folder_behind(tmp_path):
     resumed.fit(dataset_fn_for(resumed, x, y), steps_per_epoch=4, epochs=2)
     assert int(resumed.step.numpy()) == 8
     assert not any(leftover.exists() for leftover in leftovers)
+
+
+def flip_a_data_byte(prefix):
+    (data,) = tf.io.gfile.glob(prefix + ".data-*")
+    with open(data, "r+b") as f:
+        f.seek(os.path.getsize(data) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_corrupt_latest_checkpoint_is_passed_over_for_the_one_before(
+        tmp_path, caplog):
+    """ckpt-6 with a flipped byte (TensorFlow: "Checksum does not match"):
+    named, moved aside whole into ckpt-6.corrupt/, ckpt-3 restored; the run
+    then ends bit-identical to an uninterrupted one (before: DataLossError,
+    exit 1, restarted into the same error; mutation tried: the corrupt
+    case re-raised -> fails)."""
+    strategy = mirrored(TWO_CPUS)
+    full = bert_trainer(strategy, str(tmp_path / "full"),
+                        save_checkpoints_steps=3)
+    full.fit(shuffled_fn(full), steps_per_epoch=9)
+    split = str(tmp_path / "split")
+    first = bert_trainer(strategy, split, save_checkpoints_steps=3)
+    first.fit(shuffled_fn(first), steps_per_epoch=6)
+    flip_a_data_byte(os.path.join(split, "ckpt-6"))
+    second = bert_trainer(strategy, split, save_checkpoints_steps=3)
+    with caplog.at_level("WARNING"):
+        second.fit(shuffled_fn(second), steps_per_epoch=9)
+    said = [r.getMessage() for r in caplog.records
+            if "is corrupt" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(
+        "tfscale: ckpt-6 is corrupt (")
+    assert said[0].endswith(f": moved to ckpt-6.corrupt; resumed from "
+                            f"{os.path.join(split, 'ckpt-3')}")
+    assert "Checksum" in said[0] or "checksum" in said[0]
+    assert sorted(os.listdir(os.path.join(split, "ckpt-6.corrupt"))) == [
+        "ckpt-6.data-00000-of-00001", "ckpt-6.index"]
+    assert int(second.step.numpy()) == 9
+    assert tf.train.latest_checkpoint(split).endswith("ckpt-9")
+    assert_bit_identical(full.model.variables, second.model.variables)
+    assert_bit_identical(full.optimizer.variables, second.optimizer.variables)
+
+
+def test_no_whole_checkpoint_left_is_one_line(tmp_path):
+    strategy = mirrored(ONE_CPU)
+    trainer = bert_trainer(strategy, str(tmp_path), save_checkpoints_steps=2,
+                           max_checkpoints_to_keep=1)
+    trainer.fit(shuffled_fn(trainer), steps_per_epoch=2)
+    flip_a_data_byte(os.path.join(str(tmp_path), "ckpt-2"))
+    again = bert_trainer(strategy, str(tmp_path), save_checkpoints_steps=2)
+    with pytest.raises(checkpointing.RestoreError,
+                       match=r": ckpt-2 is corrupt \(Checksum does not "
+                             r"match\): moved to ckpt-2.corrupt; no whole "
+                             r"checkpoint is left to resume from"):
+        again.fit(shuffled_fn(again), steps_per_epoch=4)

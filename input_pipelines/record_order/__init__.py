@@ -7,7 +7,8 @@ the number of workers, replicas or accumulation steps.
     partition.py  which positions an input pipeline reads; where a resumed
                   run starts
     reader.py     reads records by number from local files (pread, a
-                  bounded pool of descriptors)
+                  bounded pool of descriptors), every record's CRC checked
+    crc.py        TFRecord's masked CRC-32C of a batch of records
 
 No TensorFlow here: the order is plain arithmetic on positions, testable on
 its own (tests/test_record_order.py). `input_pipelines.tfrecord` turns it

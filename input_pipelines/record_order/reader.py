@@ -6,7 +6,9 @@ one vectorized op (`tf.strings.substr`). Each frame is one `os.pread` from
 the page cache (random access there is not slower than streaming).
 
 Files are opened as they are needed and kept open in a bounded pool, one
-descriptor per file: ImageNet has 1,152 shards and Wikipedia-scale BERT
+descriptor per file (each read of an open file checks first, with one
+fstat, that its size and mtime are still the indexed ones: a file rewritten
+in place under the reader is refused, naming it): ImageNet has 1,152 shards and Wikipedia-scale BERT
 records thousands, against a soft limit of 1,024 descriptors on many cluster
 nodes. When the pool is full the least recently used file is closed, and a
 file opened again must be the one the run indexed (the same stamp: inode,
@@ -22,8 +24,12 @@ a SIGBUS.
 
 Every frame's length field is checked against the index (one vectorized
 gather per batch): a file rewritten in place after its index was built fails,
-naming the file and record. CRCs are not checked here (the index command
-checks them once, `python -m input_pipelines.index_records`).
+naming the file and record. And every record's CRC-32C is computed over its
+bytes as they are read and compared with the CRC its frame stores, as
+TensorFlow's own reader does (`verify_records`, on by default): a flipped
+bit on a disk, a network filesystem or a copy is one line naming the file
+and the record, never a silent wrong result. Data verified once with
+`python -m input_pipelines.index_records --verify` may turn it off.
 """
 
 import collections
@@ -37,6 +43,7 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from input_pipelines.record_order import index as record_index
+from input_pipelines.record_order.crc import masked_crc32c
 from input_pipelines.record_order.index import (FRAME_BYTES, HEADER_BYTES,
                                                 RecordIndexError)
 
@@ -86,13 +93,16 @@ class RecordReader:
         offsets: Their indexes (`index.load`); each ends with the file's
             size.
         max_open_files: Descriptors held at most (None: `default_pool_size`).
+        verify_records: Check every record's CRC-32C as it is read.
 
     Safe to call from several threads (tf.data may run reads in parallel).
     """
 
     def __init__(self, files: Sequence[str], offsets: Sequence[np.ndarray],
-                 max_open_files: Optional[int] = None):
+                 max_open_files: Optional[int] = None,
+                 verify_records: bool = True):
         self.files = list(files)
+        self.verify_records = verify_records
         counts = np.array([len(o) - 1 for o in offsets], dtype=np.int64)
         # first[f]: number of file f's first record.
         self.first = np.concatenate([[0], np.cumsum(counts)])
@@ -171,6 +181,8 @@ class RecordReader:
                 self._release(f)
         blob = b"".join(pieces)
         self._check_lengths(blob, lengths, record_ids)
+        if self.verify_records:
+            self._check_crcs(blob, lengths, record_ids)
         return blob, lengths
 
     # ---- the descriptor pool -------------------------------------------------
@@ -184,6 +196,7 @@ class RecordReader:
             while True:
                 fd = self._open.get(f)
                 if fd is not None:
+                    self._check_unchanged(f, fd)
                     self._open.move_to_end(f)
                     break
                 self._make_room()
@@ -235,6 +248,23 @@ class RecordReader:
                 "and start a run on them)")
         return fd
 
+    def _check_unchanged(self, f: int, fd: int) -> None:
+        """A file open since an earlier read is still the one indexed: its
+        inode, size and mtime as they were (one fstat a file a batch; a
+        rewrite in place moves the mtime, a truncation the size)."""
+        info = os.fstat(fd)
+        now = record_index.stamp(self.files[f], info)
+        if info.st_size < self._sizes[f]:
+            raise RecordIndexError(
+                f"{self.files[f]}: has {info.st_size} bytes, {self._sizes[f]}"
+                " when indexed (the file was truncated during the run)")
+        if now.rsplit(":", 1)[0] != self._stamps[f].rsplit(":", 1)[0]:
+            raise RecordIndexError(
+                f"{self.files[f]}: was rewritten in place during the run "
+                "(its size or mtime moved since the reader opened it; "
+                "records cannot change under a run: write new files and "
+                "start a run on them)")
+
     def _same_content(self, f: int, now: str) -> bool:
         """Only the ctime of file `f` moved since it was last seen (stamp
         `now`) and its content is the run's: the digest taken when the
@@ -263,6 +293,30 @@ class RecordReader:
                 "not match the file's record index (the file changed after "
                 "it was indexed): rerun python -m input_pipelines."
                 f"index_records '{self.files[int(file_id[0])]}'")
+
+    def _check_crcs(self, blob: bytes, lengths: np.ndarray,
+                    record_ids: np.ndarray) -> None:
+        """Each record's masked CRC-32C against the one its frame stores."""
+        if not len(lengths):
+            return
+        ends = np.cumsum(lengths)
+        begins = ends - lengths
+        data = np.frombuffer(blob, dtype=np.uint8)
+        stored = data[(ends - 4)[:, None] + np.arange(4)].copy().view(
+            "<u4")[:, 0]
+        computed = masked_crc32c([blob[b + HEADER_BYTES:e - 4] for b, e in
+                                  zip(begins.tolist(), ends.tolist())])
+        bad = np.flatnonzero(computed != stored)
+        if len(bad):
+            file_id, within = self.locate(record_ids[bad[:1]])
+            name = self.files[int(file_id[0])]
+            raise RecordIndexError(
+                f"{name}: record {int(within[0])} is corrupt: its CRC-32C "
+                f"does not match its bytes (stored {int(stored[bad[0]]):#010x}"
+                f", computed {int(computed[bad[0]]):#010x}: a flipped bit on "
+                "a disk, a network filesystem or a copy); python -m "
+                f"input_pipelines.index_records --verify '{name}' names every "
+                "bad record")
 
     @property
     def last_read(self) -> float:

@@ -20,6 +20,13 @@ JOB_FLAG_TABLE = (
      None),
     ("records", "bool", "skip_corrupt_records", "Skip and count records that "
      "do not parse.", None),
+    ("records", "bool", "allow_partial_shards", "Train on a shard set "
+     "NAME-i-of-N with shards missing (a writer that did not finish; "
+     "refused by default, naming them).", None),
+    ("records", "bool", "verify_records", "Check every record's CRC-32C as "
+     "it is read (--input_order=global; TensorFlow's own reader checks them "
+     "in the sharded order). Off only for data verified with python -m "
+     "input_pipelines.index_records --verify: the banner says so.", None),
     ("records", "enum", "input_order", "global: one seeded order, the same "
      "records in each global batch on any worker count, exact resume on any "
      "count; sharded: files dealt out per worker (for compressed or remote "
@@ -295,6 +302,8 @@ def train_records_from_flags(values, input_files, order: str, service):
         cycle_length=values.cycle_length,
         deterministic=values.deterministic, seed=values.seed,
         skip_corrupt=values.skip_corrupt_records, order=order,
+        verify_records=values.verify_records,
+        allow_partial_shards=values.allow_partial_shards,
         service=service)
 
 

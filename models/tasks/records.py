@@ -83,6 +83,11 @@ class RecordsTask(jobs.Task):
         except record_files.InputError as e:  # a file changed since the start
             raise jobs.JobError(flag, str(e)) from None
         except InputPipelineError as e:
+            # The global order's reader names the file and record itself (a
+            # CRC, a length, a file changed under the run); else the scan.
+            said = record_files.reader_error(str(e.__cause__ or e))
+            if said:
+                raise jobs.JobError(flag, said) from e
             culprit = self.find_bad_record(files, records)
             message = (f"bad input record: {culprit}{self.bad_record_hint}"
                        if culprit else service.worker_message(str(e)))
@@ -104,7 +109,8 @@ def check_records(train: TFRecordConfig, evaluation: Optional[TFRecordConfig],
             answer (--data_service).
     """
     with jobs.blame(train_flag, record_files.InputError):
-        train_files = record_files.expand_files(train.input_files)
+        train_files = record_files.expand_files(
+            train.input_files, train.allow_partial_shards)
         if do_train:
             tfrecord.check_index(train)
     if do_train and train.service:
@@ -114,5 +120,6 @@ def check_records(train: TFRecordConfig, evaluation: Optional[TFRecordConfig],
     eval_files = None
     if evaluation:
         with jobs.blame(eval_flag, record_files.InputError):
-            eval_files = record_files.expand_files(evaluation.input_files)
+            eval_files = record_files.expand_files(
+                evaluation.input_files, evaluation.allow_partial_shards)
     return train_files, eval_files

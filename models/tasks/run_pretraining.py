@@ -68,7 +68,9 @@ define_job_flags(
     flags, section={"records": DATA, "optimizer": OPTIM, "numerics": SPEED,
                     "run": RUN}.get,
     defaults=dict(shuffle_buffer_size=10000, cycle_length=2,
-                  skip_corrupt_records=False, input_order="global",
+                  skip_corrupt_records=False, verify_records=True,
+                  allow_partial_shards=False,
+                  input_order="global",
                   train_batch_size=32, num_accumulation_steps=1,
                   learning_rate=1e-4, num_train_steps=1000,
                   num_warmup_steps=100, lr_schedule="polynomial",
@@ -228,8 +230,9 @@ def _records(record_config):
     if not (FLAGS.do_eval or eval_input_file):
         return input_file, None
     # Google's script evaluates on --input_file when there is nothing else.
-    return input_file, record_config(eval_input_file or input_file,
-                                     training=False)
+    return input_file, record_config(
+        eval_input_file or input_file, training=False,
+        allow_partial_shards=FLAGS.allow_partial_shards)
 
 
 def config_from_flags():

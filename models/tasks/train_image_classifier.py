@@ -60,7 +60,9 @@ define_job_flags(
     flags, section={"records": DATA, "optimizer": OPTIM, "numerics": SPEED,
                     "run": RUN}.get,
     defaults=dict(shuffle_buffer_size=1024, cycle_length=2,
-                  skip_corrupt_records=False, input_order="global",
+                  skip_corrupt_records=False, verify_records=True,
+                  allow_partial_shards=False,
+                  input_order="global",
                   train_batch_size=256, num_accumulation_steps=1,
                   learning_rate=0.1, num_train_steps=1000,
                   num_warmup_steps=100, lr_schedule="cosine",
@@ -111,8 +113,10 @@ def config_from_flags():
                          num_classes=FLAGS.num_classes,
                          label_offset=FLAGS.label_offset,
                          output_dtype=FLAGS.image_dtype)
-        eval_records = (TFRecordConfig(FLAGS.eval_files, training=False)
-                        if FLAGS.eval_files else None)
+        eval_records = (TFRecordConfig(
+            FLAGS.eval_files, training=False,
+            allow_partial_shards=FLAGS.allow_partial_shards)
+            if FLAGS.eval_files else None)
         return ImageClassificationConfig(
             spec=spec,
             train_records=train_records_from_flags(

@@ -114,9 +114,40 @@ def _key(path) -> str:
 # ---- checking a checkpoint before restoring it ---------------------------------
 
 
+class CorruptCheckpoint(RestoreError):
+    """A checkpoint's files do not read: a checksum that does not match, a
+    data file missing or cut short (`why`: TensorFlow's first line)."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(f"{path} is corrupt ({why})")
+        self.path, self.why = path, why
+
+
+def _first_line(error: Exception) -> str:
+    """TensorFlow's error in a few words: "Checksum does not match", or its
+    first line without the op's name, up to 160 characters."""
+    import re
+    text = str(getattr(error, "message", "") or error).strip()
+    if "Checksum does not match" in text:
+        return "Checksum does not match"
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
+    line = (text.splitlines() or [type(error).__name__])[0]
+    return line if len(line) <= 160 else line[:157] + "..."
+
+
+# What reading a damaged checkpoint raises: a tensor's checksum
+# (DataLossError), a data shard missing (NotFoundError) or cut short.
+_DAMAGE = (tf.errors.DataLossError, tf.errors.NotFoundError,
+           tf.errors.OutOfRangeError, tf.errors.FailedPreconditionError)
+
+
 def _checkpoint_graph(path: str):
     try:
         reader = tf.train.load_checkpoint(path)
+    except _DAMAGE as e:
+        if tf.io.gfile.exists(path + ".index"):
+            raise CorruptCheckpoint(path, _first_line(e)) from None
+        raise RestoreError(f"no checkpoint at {path}") from None
     except (tf.errors.OpError, ValueError):
         raise RestoreError(f"no checkpoint at {path}") from None
     if not reader.has_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"):
@@ -127,6 +158,23 @@ def _checkpoint_graph(path: str):
     graph = trackable_object_graph_pb2.TrackableObjectGraph()
     graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
     return graph, reader.get_variable_to_shape_map()
+
+
+def verify_whole(path: str) -> None:
+    """Reads every tensor of the checkpoint at `path` through its own
+    reader, which checks each one's checksum (nothing is restored: a
+    failed restore half-way would leave the variables half-assigned).
+
+    Raises:
+        CorruptCheckpoint: A checksum does not match, a data file is
+            missing or short (the first one met, in TensorFlow's words).
+    """
+    try:
+        reader = tf.train.load_checkpoint(path)
+        for key in reader.get_variable_to_shape_map():
+            reader.get_tensor(key)
+    except (tf.errors.OpError, RuntimeError) as e:  # the reader's: OpError
+        raise CorruptCheckpoint(path, _first_line(e)) from None
 
 
 def checkpoint_step(path: Optional[str]) -> int:
@@ -242,21 +290,76 @@ class CheckpointKeeper:
         """The newest complete checkpoint in the chief's directory."""
         return tf.train.latest_checkpoint(self.directory)
 
-    def restore_latest(self) -> Optional[str]:
-        """Restores the newest checkpoint, if any; returns its path.
+    def restore_latest(self, say: Callable[[str], None] = None
+                       ) -> Optional[str]:
+        """Restores the newest whole checkpoint, if any; returns its path.
+
+        A newer one whose files do not read (`verify_whole`: a checksum
+        that does not match, a missing or short data file; every tensor is
+        read once more for it) is passed over, named in one line (`say`), and the chief moves its files aside into
+        `ckpt-N.corrupt/` (never deletes them) and points the directory's
+        `checkpoint` file at the one restored.
 
         Raises:
-            RestoreError: The checkpoint does not fit (another model).
+            RestoreError: The checkpoint does not fit (another model), or
+                every checkpoint is corrupt (`CorruptCheckpoint`).
         """
-        path = self.latest
-        if path:
+        passed = []
+        for path in self._newest_first():
+            try:
+                verify_whole(path)
+            except CorruptCheckpoint as e:
+                passed.append((path, e.why, self._move_aside(path)))
+                continue
             check_restorable(self._checkpoint, path,
                              optional=("loss_scale", "metrics", "rng",
                                        "model_extra", "input_position",
                                        "input_order", "run_settings",
                                        "noise_scale", "adascale"))
             self._checkpoint.restore(path).expect_partial()
-        return path
+            if passed:
+                self._forget(passed, path)
+                (say or _warn)(_passed_over(passed) + f"; resumed from {path}")
+            return path
+        if passed:
+            raise RestoreError(
+                f"{self.directory}: " + _passed_over(passed) + "; no whole "
+                "checkpoint is left to resume from: restore one from a copy, "
+                "or remove the folder to start over")
+        return None
+
+    def _newest_first(self) -> List[str]:
+        """The directory's checkpoints, newest first."""
+        state = tf.train.get_checkpoint_state(self.directory)
+        if state is None:
+            return []
+        paths = list(state.all_model_checkpoint_paths) or [
+            state.model_checkpoint_path]
+        paths = [p if os.path.isabs(p) else os.path.join(self.directory, p)
+                 for p in paths]
+        return sorted(set(paths), key=checkpoint_number, reverse=True)
+
+    def _move_aside(self, path: str) -> Optional[str]:
+        """The chief moves `path`'s files into `path.corrupt/`; the folder
+        (None elsewhere)."""
+        if not self._is_chief:
+            return None
+        aside = path + ".corrupt"
+        os.makedirs(aside, exist_ok=True)
+        for name in tf.io.gfile.glob(path + ".*"):
+            if name != aside:
+                os.replace(name, os.path.join(aside, os.path.basename(name)))
+        return aside
+
+    def _forget(self, passed, restored: str) -> None:
+        """The chief's `checkpoint` file names `restored` as the latest, and
+        no longer the checkpoints passed over."""
+        if not self._is_chief:
+            return
+        gone = {p for p, _, _ in passed}
+        kept = [p for p in reversed(self._newest_first()) if p not in gone]
+        tf.compat.v1.train.update_checkpoint_state(
+            self.directory, restored, all_model_checkpoint_paths=kept)
 
     def track_input(self, iterator) -> None:
         """This worker's tf.data iterator, saved with every checkpoint."""
@@ -313,6 +416,26 @@ class CheckpointKeeper:
     def close(self):
         if self._private_dir:
             shutil.rmtree(self._private_dir, ignore_errors=True)
+
+
+def _warn(line: str) -> None:
+    from absl import logging
+    logging.warning("tfscale: %s", line)
+
+
+def checkpoint_number(path: str) -> int:
+    """N of a `.../ckpt-N` prefix (-1 when it has none)."""
+    tail = path.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _passed_over(passed) -> str:
+    """"ckpt-600 is corrupt (Checksum does not match): moved to
+    ckpt-600.corrupt" for each checkpoint passed over."""
+    return "; ".join(
+        f"{os.path.basename(p)} is corrupt ({why})" + (
+            f": moved to {os.path.basename(aside)}" if aside else "")
+        for p, why, aside in passed)
 
 
 def remove_unfinished_saves(directory: str) -> List[str]:
