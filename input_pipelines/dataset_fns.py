@@ -20,6 +20,7 @@ from input_pipelines.record_files import expand_files
 from input_pipelines.record_order import identity as order_identity
 from input_pipelines.record_order import index as record_index
 from input_pipelines.tfrecord import (DEFAULT_ORDER_SEED, TFRecordConfig,
+                                      partial_shards,
                                       uses_global_order)
 
 
@@ -66,7 +67,7 @@ class PositionedDatasetFn(DatasetFn):
         and content fingerprints, the seed."""
         if self._order is None:
             files = expand_files(self._config.input_files,
-                                 self._config.allow_partial_shards)
+                                 partial_shards(self._config))
             offsets = record_index.load(files)
             seed = (DEFAULT_ORDER_SEED if self._config.seed is None
                     else self._config.seed)
@@ -95,7 +96,7 @@ def make_dataset_fn(config: TFRecordConfig, build: Callable) -> DatasetFn:
     positioned in the global order, run by the tf.data service when the
     config names one. Fails now, on the host, naming a pattern that matches
     nothing, rather than inside tf.data."""
-    expand_files(config.input_files, config.allow_partial_shards)
+    expand_files(config.input_files, partial_shards(config))
     if config.training and config.service is not None:
         return service_lib.ServiceDatasetFn(
             lambda seed: build(_service_records(config, seed), None, 0),

@@ -105,8 +105,9 @@ class TFRecordConfig:
         verify_records: The global order's reader checks every record's
             CRC-32C as it reads it (`record_order/reader.py`); the sharded
             order's `TFRecordDataset` always does.
-        allow_partial_shards: Read a shard set `NAME-i-of-N` with shards
-            missing (a writer that did not finish); refused otherwise.
+        allow_partial_shards: Train on a glob that matches part of a shard
+            set `NAME-i-of-N` (a writer that did not finish); refused
+            otherwise (`partial_shards`; evaluation sets take any part).
         service: Run the training pipeline on a tf.data service
             (`service.py`; order "sharded" without per-worker shards: the
             service deals out the files).
@@ -280,10 +281,16 @@ def make_example_dataset(config: TFRecordConfig, batch_size: int,
         deterministic, config.threadpool_size, config.autotune_ram_budget))
 
 
+def partial_shards(config: TFRecordConfig) -> bool:
+    """Whether a glob may match part of a `NAME-i-of-N` shard set: for
+    evaluation (one shard of a set is a common choice), or when asked."""
+    return config.allow_partial_shards or not config.training
+
+
 def describe_input(config: TFRecordConfig) -> str:
     """"input 16 files, global order (seed 7)", or where the service is."""
     files = len(expand_files(config.input_files,
-                         config.allow_partial_shards))
+                         partial_shards(config)))
     if config.service is not None:
         return (f"input {files} files, read by the tf.data service at "
                 f"{config.service.address} ({config.service.processing_mode}"
@@ -306,7 +313,7 @@ def uses_global_order(config: TFRecordConfig) -> bool:
                         "the worker count)", config.compression_type)
         return False
     files = expand_files(config.input_files,
-                         config.allow_partial_shards)
+                         partial_shards(config))
     remote = [f for f in files if "://" in f]
     if remote:
         logging.warning("tfscale: %s is not on a local file system: reading "
@@ -326,7 +333,7 @@ def check_index(config: TFRecordConfig) -> None:
     """
     if uses_global_order(config):
         open_records(expand_files(config.input_files,
-                         config.allow_partial_shards)).close()
+                         partial_shards(config))).close()
 
 
 def _global_chunks(config: TFRecordConfig,
@@ -337,7 +344,7 @@ def _global_chunks(config: TFRecordConfig,
     forever, in the global order; a chunk holds whole global micro-batches'
     worth of this pipeline's records (>= `chunk_records`)."""
     files = expand_files(config.input_files,
-                         config.allow_partial_shards)
+                         partial_shards(config))
     reader = open_records(files, verify_records=config.verify_records)
     num = input_context.num_input_pipelines if input_context else 1
     index = input_context.input_pipeline_id if input_context else 0
@@ -392,7 +399,7 @@ def _records(config: TFRecordConfig,
     """This pipeline's serialized records (sharded, interleaved, cached) and
     whether its order must be deterministic."""
     files = expand_files(config.input_files,
-                         config.allow_partial_shards)
+                         partial_shards(config))
     num = input_context.num_input_pipelines if input_context else 1
     index = input_context.input_pipeline_id if input_context else 0
     own_files, by_file = shard_files(files, num, index)

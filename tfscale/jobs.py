@@ -413,9 +413,10 @@ def make_trainer(*, model, optimizer, loss_fn, strategy, metrics,
     except ImportError as e:
         raise JobError("backend", str(e)) from None
     try:
+        # (Every worker's placement line is the job's: in the banner.)
         return Trainer(model=model, optimizer=optimizer, loss_fn=loss_fn,
-                       strategy=strategy, config=train, metrics=metrics,
-                       backend=backend)
+                       strategy=strategy, metrics=metrics, backend=backend,
+                       config=dataclasses.replace(train, say_placement=False))
     except ConfigError as e:
         raise JobError(FLAG_OF_FIELD.get(e.field, e.field), str(e)) from None
     except ValueError as e:  # no field to name

@@ -121,5 +121,5 @@ def check_records(train: TFRecordConfig, evaluation: Optional[TFRecordConfig],
     if evaluation:
         with jobs.blame(eval_flag, record_files.InputError):
             eval_files = record_files.expand_files(
-                evaluation.input_files, evaluation.allow_partial_shards)
+                evaluation.input_files, tfrecord.partial_shards(evaluation))
     return train_files, eval_files
