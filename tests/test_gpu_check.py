@@ -158,7 +158,8 @@ def test_a_tiny_check_killed_halfway_keeps_the_phases_it_finished(tmp_path):
     out = tmp_path / "check"
     proc = subprocess.Popen(
         [sys.executable, "-m", "launch.gpu_check", "--output_dir", str(out),
-         "--tiny"], cwd=REPO, stdout=subprocess.PIPE,
+         "--tiny", "--steps", "12", "--save_steps", "4", "--log_steps", "4"],
+        cwd=REPO, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, start_new_session=True)
     results = out / "results.json"
     deadline = time.monotonic() + 400
