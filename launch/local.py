@@ -35,7 +35,7 @@ import sys
 import time
 from typing import List, Mapping, Optional, Sequence
 
-from launch import children, gpus, mpi_ranks, ports, workers
+from launch import children, gpus, mpi_ranks, outcome, ports, workers
 from tfscale.cluster.contract import (CONFIG_ERROR_EXIT_CODE,
                                       PREEMPTED_EXIT_CODE,
                                       PREEMPTED_UNSAVED_EXIT_CODE,
@@ -358,7 +358,16 @@ def _pass_on(config: LaunchConfig, group, interrupted: list, out) -> int:
     if killed and not _said_complete(out, group, killed,
                                      config.grace_seconds):
         return 128 + int(signal.SIGKILL)
-    return 128 + int(sig)
+    if killed or sig != signal.SIGTERM:  # Ctrl-C: a person's stop, 130
+        return 128 + int(sig)
+    # A preemption every worker answered by itself: their codes and what
+    # they reported decide (a SLURM script requeues on 143 only).
+    codes = ([p.returncode for p in group.procs] if hasattr(group, "procs")
+             else [group.proc.returncode])
+    code, line = outcome.after_signal(codes, workers.reported_checkpoint(
+        group), 128 + int(sig))
+    _say(out, line)
+    return code
 
 
 def _said_complete(out, group, killed, grace_seconds: float) -> bool:

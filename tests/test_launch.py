@@ -500,3 +500,67 @@ def test_a_failures_line_is_not_buried_under_its_peers_tracebacks():
     assert "grpc traceback line 3" not in output
     assert ("60 line(s) worker 0 printed while stopping held back (their "
             "side of the failure); the last: grpc traceback line 59") in output
+
+
+def test_the_launchers_code_after_a_signal_is_the_workers_outcome():
+    from launch import outcome
+    assert outcome.after_signal([143, 143], "/r/ckpt-121", 143) == (
+        143, "preempted: ckpt-121 complete on disk (/r/ckpt-121); rerun "
+             "the same command to resume")
+    code, line = outcome.after_signal([143, 3], None, 143)
+    assert code == 3 and line.startswith("nothing saved: worker 1 had no "
+                                         "checkpoint directory")
+    code, line = outcome.after_signal([143, 1], "/r/ckpt-121", 143)
+    assert code == 1 and line.startswith("worker 1 failed while stopping "
+                                         "(exit 1)")
+    assert outcome.after_signal([0, 0], None, 143)[0] == 0
+    code, line = outcome.after_signal([143, 143], None, 143)
+    assert code == 143 and "none new written" in line
+
+
+UNSAVED = ("import signal, sys, time\n"
+           "def term(*_):\n"
+           "    print('tfscale: no checkpoint directory: nothing saved; "
+           "exiting with code 3', flush=True)\n"
+           "    sys.exit(3)\n"
+           "signal.signal(signal.SIGTERM, term)\n"
+           "print('ready', flush=True)\n"
+           "time.sleep(600)\n")
+
+SAVED = ("import os, signal, sys, time\n"
+         "prefix = os.path.join(sys.argv[1], 'ckpt-7')\n"
+         "def term(*_):\n"
+         "    if os.environ['TFSCALE_WORKER_INDEX'] == '0':\n"
+         "        for end in ('.index', '.data-00000-of-00001'):\n"
+         "            open(prefix + end, 'w').close()\n"
+         "        print('tfscale: preemption checkpoint complete: ' + prefix "
+         "+ ' (step 7, SIGTERM)', flush=True)\n"
+         "    sys.exit(143)\n"
+         "signal.signal(signal.SIGTERM, term)\n"
+         "print('ready', flush=True)\n"
+         "time.sleep(600)\n")
+
+
+@pytest.mark.parametrize("script,code,closing", [
+    # Before: 143 ("checkpoint on disk") after the worker said it saved
+    # nothing (mutation tried: the outcome removed -> 143 here).
+    (UNSAVED, 3, "[launcher] nothing saved: worker 0 had no checkpoint "
+                 "directory (exit 3); a rerun starts over"),
+    (SAVED, 143, "[launcher] preempted: ckpt-7 complete on disk ("),
+], ids=["nothing saved", "saved"])
+def test_a_signalled_launcher_exits_with_what_its_workers_did(
+        tmp_path, script, code, closing):
+    command = [sys.executable, "-m", "launch.local", "--num_workers", "2",
+               "--", sys.executable, "-c", script, str(tmp_path)]
+    proc = subprocess.Popen(command, cwd=REPO, env=dict(
+        os.environ, PYTHONPATH=REPO), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    ready = 0
+    while ready < 2:
+        line = proc.stdout.readline()
+        assert line, "launcher ended early"
+        ready += "ready" in line
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == code, output
+    assert closing in output, output
