@@ -731,3 +731,28 @@ def test_a_file_rewritten_in_place_under_an_open_reader_is_refused(tmp_path):
                        match=rf"^{files[1]}: was rewritten in place during "
                              "the run"):
         reader.read(np.array([7]))
+
+
+def test_garbage_in_a_text_field_is_named_by_its_crc(tmp_path):
+    """16 garbage bytes over a record's text feature (before: a
+    UnicodeDecodeError naming no file or record, exit 1, restarted)."""
+    name = str(tmp_path / "text-00000-of-00001.tfrecord")
+    with tf.io.TFRecordWriter(name) as writer:
+        for i in range(4):
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "image/class/text": tf.train.Feature(bytes_list=tf.train.
+                                                     BytesList(value=[
+                                                         b"tabby cat %d" % i
+                                                         * 4]))})
+            ).SerializeToString())
+    offsets = record_index.load([name])
+    with open(name, "r+b") as f:
+        data = bytearray(f.read())
+        at = data.index(b"tabby cat 2")
+        data[at:at + 16] = b"\xf5" * 16
+        f.seek(0)
+        f.write(data)
+    reader = RecordReader([name], offsets)
+    with pytest.raises(record_index.RecordIndexError,
+                       match=rf"^{name}: record 2 is corrupt: its CRC-32C"):
+        reader.read(np.array([0, 2]))
