@@ -306,12 +306,19 @@ def _supervise(config: LaunchConfig, start, interrupted, out) -> int:
             return code
         if code == PREEMPTED_EXIT_CODE:
             # The others are saving the same checkpoint: let them finish.
-            _say(out, f"{who} was preempted (exit {code}, checkpoint "
-                      "saved); waiting for the others")
+            _say(out, f"{who} was preempted (exit {code}); waiting for the "
+                      "others")
             killed = group.stop(config.grace_seconds, sig=None)
             if killed and not _said_complete(out, group, killed,
                                              config.grace_seconds):
                 code = -int(signal.SIGKILL)
+            elif not killed:  # what they reported, not what 143 suggests
+                saved = workers.reported_checkpoint(group)
+                _say(out, f"preempted: {os.path.basename(saved)} complete on "
+                          f"disk ({saved})" if saved else
+                          f"{who} exited {code} but no worker reported a "
+                          "checkpoint: nothing new was saved (the latest "
+                          "checkpoint, if any, stands)")
         else:
             # The others cannot finish a step without it; SIGTERM first
             # lets a write in progress (a backup, a checkpoint) end before

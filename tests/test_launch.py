@@ -564,3 +564,30 @@ def test_a_signalled_launcher_exits_with_what_its_workers_did(
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == code, output
     assert closing in output, output
+
+
+SELF_PREEMPTED = ("import os, sys\n"
+                  "prefix = os.path.join(sys.argv[1], 'ckpt-5')\n"
+                  "if len(sys.argv) > 2 and "
+                  "os.environ['TFSCALE_WORKER_INDEX'] == '0':\n"
+                  "    for end in ('.index', '.data-00000-of-00001'):\n"
+                  "        open(prefix + end, 'w').close()\n"
+                  "    print('tfscale: preemption checkpoint complete: ' + "
+                  "prefix + ' (step 5, SIGTERM)', flush=True)\n"
+                  "sys.exit(143)\n")
+
+
+@pytest.mark.parametrize("saves,closing", [
+    # Before: "worker 0 was preempted (exit 143, checkpoint saved)" though
+    # no worker saved one (mutation tried: the report ignored -> fails).
+    (False, "but no worker reported a checkpoint: nothing new was saved"),
+    (True, "[launcher] preempted: ckpt-5 complete on disk ("),
+], ids=["nothing reported", "reported"])
+def test_workers_preempted_by_their_scheduler_are_said_as_they_reported(
+        tmp_path, saves, closing):
+    code, output = launch(["--num_workers", "2", "--", sys.executable, "-c",
+                           SELF_PREEMPTED, str(tmp_path),
+                           *(["save"] if saves else [])])
+    assert code == 143, output
+    assert closing in output, output
+    assert "checkpoint saved)" not in output
