@@ -32,11 +32,13 @@ import os
 import shlex
 import signal
 import sys
+import tempfile
 import time
 from typing import List, Mapping, Optional, Sequence
 
-from launch import children, gpus, mpi_ranks, outcome, ports, workers
+from launch import children, gpus, hangs, mpi_ranks, outcome, ports, workers
 from tfscale.cluster.contract import (CONFIG_ERROR_EXIT_CODE,
+                                      HEARTBEAT_DIR_ENV, HUNG_EXIT_CODE,
                                       PREEMPTED_EXIT_CODE,
                                       PREEMPTED_UNSAVED_EXIT_CODE,
                                       GPUS_BOUND_ENV, SHARED_GPUS_ENV,
@@ -121,6 +123,11 @@ class LaunchConfig:
     bind_gpus: bool = True
     share_gpus: bool = False
     failure_grace_seconds: float = 5.0
+    restart_backoff_seconds: float = 1.0
+    max_backoff_seconds: float = 60.0
+    hang_floor_seconds: float = 180.0
+    hang_ceiling_seconds: float = 1800.0
+    hang_factor: float = 10.0
 
     def __post_init__(self):
         for name, least in (("num_workers", 1), ("max_restarts", 0),
@@ -131,10 +138,15 @@ class LaunchConfig:
         if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
             raise ValueError(f"--gpus_per_worker must be >= 0, got "
                              f"{self.gpus_per_worker}")
+        if not 1 <= self.hang_factor <= 1000:
+            raise ValueError(f"--hang_factor must be between 1 and 1000, got "
+                             f"{self.hang_factor}")
         if self.backend not in ("mwms", "mpi"):
             raise ValueError(f"--backend must be mwms or mpi, got "
                              f"{self.backend!r}")
-        for name in ("grace_seconds", "failure_grace_seconds"):
+        for name in ("grace_seconds", "failure_grace_seconds",
+                     "restart_backoff_seconds", "max_backoff_seconds",
+                     "hang_floor_seconds", "hang_ceiling_seconds"):
             problem = seconds_problem(name, getattr(self, name), f"--{name}")
             if problem:
                 raise ValueError(problem)
@@ -197,14 +209,23 @@ def run(command: Sequence[str], num_workers: int, *,
                 for s in (signal.SIGINT, signal.SIGTERM)}
     service = None
     try:
-        start = _starter(config, command, base_env, out,
-                         _worker_ports(config, held))
+        watch = None
+        if config.backend == "mwms":
+            folder = held.enter_context(tempfile.TemporaryDirectory(
+                prefix="tfscale-heartbeats-"))
+            base_env[HEARTBEAT_DIR_ENV] = folder
+            watch = hangs.HangWatch(folder, config.num_workers, hangs.HangLimits(
+                config.hang_floor_seconds, config.hang_ceiling_seconds,
+                config.hang_factor))
+        start = _starter(
+            config, command, base_env, out, _worker_ports(config, held),
+            lambda n, host: held.enter_context(ports.lease(n, host)).ports)
         if config.data_service_workers:
             service = _start_service(
                 config.data_service_workers, config.data_service_dir,
                 held.enter_context(ports.lease(1, config.host)).ports[0],
                 base_env, out)
-        return _supervise(config, start, interrupted, out)
+        return _supervise(config, start, interrupted, out, watch)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -226,7 +247,8 @@ def _worker_ports(config: LaunchConfig, held: contextlib.ExitStack
                                           config.host)).ports
 
 
-def _starter(config: LaunchConfig, command, base_env, out, worker_ports):
+def _starter(config: LaunchConfig, command, base_env, out, worker_ports,
+             lease):
     """`start()` -> a running group of the workers: the processes with a
     TF_CONFIG each ("mwms"), or the ranks of one mpirun ("mpi"); GPUs bound
     per worker (`launch/gpus.py`)."""
@@ -264,6 +286,7 @@ def _starter(config: LaunchConfig, command, base_env, out, worker_ports):
             for i, g in enumerate(gpu_sets)))
 
     def start():
+        worker_ports[:] = usable_ports(config, worker_ports, out, lease)
         return workers.ProcessGroup(
             worker_specs(command, config.num_workers, worker_ports, base_env,
                          config.host, config.threads_per_worker, gpu_sets),
@@ -271,69 +294,176 @@ def _starter(config: LaunchConfig, command, base_env, out, worker_ports):
     return start
 
 
-def _supervise(config: LaunchConfig, start, interrupted, out) -> int:
+def usable_ports(config: LaunchConfig, worker_ports: List[int], out,
+                 lease) -> List[int]:
+    """The ports for the next attempt: `worker_ports` while no other
+    program listens on them. One that another program took (before the
+    start, or between two attempts) ends the launch when the user chose
+    it (`--port`: a restart would fail alike); else other free ones are
+    leased (`lease(count, host)` -> ports held while the launcher runs, as
+    the first were).
+
+    Raises:
+        ValueError: A port of `--port`'s range is in use (one line; the
+            launcher exits 2).
+    """
+    busy = ports.taken(worker_ports, config.host)
+    if not busy:
+        return worker_ports
+    if config.port:
+        raise ValueError(
+            f"port {busy[0]} on {config.host} is in use by another program "
+            f"(--port {config.port} gives workers ports {config.port}-"
+            f"{config.port + config.num_workers - 1}): choose other ports "
+            "or leave --port out (free ones are found)")
+    fresh = lease(config.num_workers, config.host)
+    _say(out, f"port(s) {', '.join(map(str, busy))} taken by another "
+              f"program: the workers listen on {', '.join(map(str, fresh))}")
+    return fresh
+
+
+def _supervise(config: LaunchConfig, start, interrupted, out,
+               watch=None) -> int:
     """Attempts until every worker exits 0, a signal reaches the launcher
-    or the restarts run out; the exit code `run` returns."""
-    code = 0
+    or the restarts run out; the exit code `run` returns, said in the
+    launcher's last line (`_close`). `watch`: the workers' heartbeats
+    (`hangs.HangWatch`), or None."""
     for attempt in range(config.max_restarts + 1):
-        group = start()
-        failure = None
-        while not interrupted:
-            failure = group.first_failure()
-            if failure or group.all_done():
-                break
-            time.sleep(workers.POLL_SECONDS)
+        if watch is not None:
+            watch.reset()
+        try:
+            group = start()
+        except ValueError as e:  # a port of --port's taken: not restarted
+            return _close(out, CONFIG_ERROR_EXIT_CODE, str(e))
+        failure = _wait_for_outcome(group, interrupted, watch)
         if interrupted:
             return _pass_on(config, group, interrupted, out)
         if failure is None:
             group.stop(config.grace_seconds)
-            return 0
-        index, code = failure
-        who = "an MPI rank" if index is None else f"worker {index}"
-        if code == CONFIG_ERROR_EXIT_CODE:
-            _say(out, f"{who} stopped on an error a restart would repeat "
-                      f"(exit {code}){workers.last_words(group, index, code)}"
-                      "; stopping the other workers, no restart")
-            group.mute()
-            group.stop(config.failure_grace_seconds, sig=signal.SIGTERM)
-            _say_held_back(out, group)
-            return code
-        if code == PREEMPTED_UNSAVED_EXIT_CODE:
-            _say(out, f"{who} was preempted with no checkpoint directory "
-                      f"(exit {code}): nothing was saved, a restart would "
-                      "start over; stopping the other workers, no restart")
-            group.stop(config.grace_seconds, sig=None)
-            return code
-        if code == PREEMPTED_EXIT_CODE:
-            # The others are saving the same checkpoint: let them finish.
-            _say(out, f"{who} was preempted (exit {code}); waiting for the "
-                      "others")
-            killed = group.stop(config.grace_seconds, sig=None)
-            if killed and not _said_complete(out, group, killed,
-                                             config.grace_seconds):
-                code = -int(signal.SIGKILL)
-            elif not killed:  # what they reported, not what 143 suggests
-                saved = workers.reported_checkpoint(group)
-                _say(out, f"preempted: {os.path.basename(saved)} complete on "
-                          f"disk ({saved})" if saved else
-                          f"{who} exited {code} but no worker reported a "
-                          "checkpoint: nothing new was saved (the latest "
-                          "checkpoint, if any, stands)")
-        else:
-            # The others cannot finish a step without it; SIGTERM first
-            # lets a write in progress (a backup, a checkpoint) end before
-            # the SIGKILL `failure_grace_seconds` later.
-            _say(out, f"{who} failed ({children.describe_exit(code)})"
-                      f"{workers.last_words(group, index, code)}; "
-                      "stopping the other workers")
-            group.mute()
-            group.stop(config.failure_grace_seconds, sig=signal.SIGTERM)
-            _say_held_back(out, group)
-        if attempt < config.max_restarts:
-            _say(out, f"restart {attempt + 1}/{config.max_restarts}: "
-                      f"starting {config.num_workers} workers again (cause: "
-                      f"{who} {children.describe_exit(code)})")
-    return children.shell_code(code)
+            return _close(out, 0, "every worker finished")
+        code, verdict, again = _attempt_outcome(config, group, failure, out)
+        if not again or attempt == config.max_restarts:
+            if again and config.max_restarts:
+                verdict += (f", in the last of {config.max_restarts + 1} "
+                            "attempts")
+            return _close(out, children.shell_code(code), verdict)
+        wait = backoff_seconds(config, attempt)
+        who = "an MPI rank" if failure[0] is None else f"worker {failure[0]}"
+        cause = (f"{who} hung" if code == HUNG_EXIT_CODE else
+                 f"{who} {children.describe_exit(code)}")
+        many = "s" if config.num_workers > 1 else ""
+        _say(out, f"restart {attempt + 1}/{config.max_restarts}: starting "
+                  f"{config.num_workers} worker{many} again in {wait:g} s "
+                  f"(cause: {cause})")
+        if not _wait_unless(wait, interrupted):
+            return _close(out, 128 + int(interrupted[0]),
+                          f"{signal.Signals(interrupted[0]).name} before "
+                          "the restart: no worker was running; the latest "
+                          "checkpoint stands")
+    raise AssertionError("unreachable")
+
+
+def _wait_for_outcome(group, interrupted: list, watch):
+    """Polls the attempt until a worker fails (index, code), one hangs
+    (index, HUNG_EXIT_CODE; why in `group.hung`), every worker is done or
+    a signal came (None)."""
+    while not interrupted:
+        failure = group.first_failure()
+        if failure or group.all_done():
+            return failure
+        hung = watch.check() if watch is not None else None
+        if hung is not None:
+            group.hung[hung[0]] = hung[1]
+            return hung[0], HUNG_EXIT_CODE
+        time.sleep(workers.POLL_SECONDS)
+    return None
+
+
+def backoff_seconds(config: LaunchConfig, attempt: int) -> float:
+    """The wait before restart `attempt + 1`: `restart_backoff_seconds`,
+    doubled at each restart, at most `max_backoff_seconds`."""
+    return min(config.restart_backoff_seconds * 2 ** attempt,
+               config.max_backoff_seconds)
+
+
+def _wait_unless(seconds: float, interrupted: list) -> bool:
+    """Sleeps `seconds`; False as soon as a signal reached the launcher."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if interrupted:
+            return False
+        time.sleep(min(workers.POLL_SECONDS, end - time.monotonic()))
+    return not interrupted
+
+
+def _attempt_outcome(config: LaunchConfig, group, failure, out):
+    """(code, verdict, whether a restart may help) after `failure` =
+    (worker index, its code) ended an attempt; the others are stopped."""
+    index, code = failure
+    who = "an MPI rank" if index is None else f"worker {index}"
+    if code == CONFIG_ERROR_EXIT_CODE:
+        _say(out, f"{who} stopped on an error a restart would repeat "
+                  f"(exit {code}){workers.last_words(group, index, code)}"
+                  "; stopping the other workers, no restart")
+        group.mute()
+        group.stop(config.failure_grace_seconds, sig=signal.SIGTERM)
+        _say_held_back(out, group)
+        return code, (f"{who} stopped on a setting, its data or its disk "
+                      "(named above): fix it and rerun"), False
+    if code == HUNG_EXIT_CODE and index in getattr(group, "hung", {}):
+        why = group.hung[index]
+        _say(out, f"{who} hung: {why}; stopping the workers")
+        group.mute()
+        group.stop(config.failure_grace_seconds, sig=signal.SIGTERM)
+        _say_held_back(out, group)
+        return code, f"{who} hung ({why.split(';')[0]})", True
+    if code == PREEMPTED_UNSAVED_EXIT_CODE:
+        _say(out, f"{who} was preempted with no checkpoint directory "
+                  f"(exit {code}); stopping the other workers, no restart")
+        group.stop(config.grace_seconds, sig=None)
+        return code, ("nothing saved: a restart would start over; give the "
+                      "Trainer a checkpoint_dir (the jobs' --output_dir), "
+                      "model.fit a keras.callbacks.BackupAndRestore"), False
+    if code == PREEMPTED_EXIT_CODE:
+        # The others are saving the same checkpoint: let them finish.
+        _say(out, f"{who} was preempted (exit {code}); waiting for the "
+                  "others")
+        killed = group.stop(config.grace_seconds, sig=None)
+        if killed and not _said_complete(out, group, killed,
+                                         config.grace_seconds):
+            return (-int(signal.SIGKILL), f"{who} preempted, the others "
+                    "killed before a checkpoint was whole", True)
+        saved = workers.reported_checkpoint(group)  # not what 143 suggests
+        return code, (_preempted_line(saved) if saved else
+                      f"{who} exited {code} but no worker reported a "
+                      "checkpoint: nothing new was saved (the latest "
+                      "checkpoint, if any, stands)"), True
+    # The others cannot finish a step without it; SIGTERM first lets a
+    # write in progress (a backup, a checkpoint) end before the SIGKILL
+    # `failure_grace_seconds` later.
+    _say(out, f"{who} failed ({children.describe_exit(code)})"
+              f"{workers.last_words(group, index, code)}; "
+              "stopping the other workers")
+    group.mute()
+    group.stop(config.failure_grace_seconds, sig=signal.SIGTERM)
+    _say_held_back(out, group)
+    return code, f"{who} failed ({children.describe_exit(code)})", True
+
+
+def _preempted_line(saved: str) -> str:
+    return f"preempted: {_saved_line(saved)}"
+
+
+def _saved_line(saved: str) -> str:
+    return (f"{os.path.basename(saved)} complete on disk ({saved}); rerun "
+            "the same command to resume")
+
+
+def _close(out, code: int, verdict: str) -> int:
+    """The launcher's last line: what happened and its exit code, which
+    it returns (a SLURM script requeues on 143 only: docs/launching.md)."""
+    _say(out, f"exit {code}: {verdict}")
+    return code
 
 
 def _say_held_back(out, group) -> None:
@@ -351,30 +481,35 @@ def _say_held_back(out, group) -> None:
 
 def _pass_on(config: LaunchConfig, group, interrupted: list, out) -> int:
     """A signal reached the launcher: every worker gets it and the grace;
-    a second one SIGKILLs them at once. The launcher's exit code."""
+    a second one SIGKILLs them at once. The launcher's exit code, said in
+    its last line."""
     sig = interrupted[0]
-    _say(out, f"{signal.Signals(sig).name}: passing it to all workers "
+    name = signal.Signals(sig).name
+    _say(out, f"{name}: passing it to all workers "
               f"(grace {config.grace_seconds:g} s; a second one stops them "
               "at once)")
     killed = group.stop(config.grace_seconds, sig=sig,
                         hurry=lambda: len(interrupted) > 1)
     if killed and len(interrupted) > 1:
-        _say(out, f"a second {signal.Signals(interrupted[1]).name}: "
-                  "SIGKILLed every worker at once")
-        return 128 + int(sig)
+        return _close(out, 128 + int(sig), (
+            f"a second {signal.Signals(interrupted[1]).name}: SIGKILLed "
+            "every worker at once; what they saved is not known"))
     if killed and not _said_complete(out, group, killed,
                                      config.grace_seconds):
-        return 128 + int(signal.SIGKILL)
-    if killed or sig != signal.SIGTERM:  # Ctrl-C: a person's stop, 130
-        return 128 + int(sig)
+        return _close(out, 128 + int(signal.SIGKILL),
+                      "killed after the grace: a checkpoint may be missing")
+    saved = workers.reported_checkpoint(group)
+    if killed:
+        return _close(out, 128 + int(sig), _preempted_line(saved))
+    if sig != signal.SIGTERM:  # Ctrl-C: a person's stop, 130
+        return _close(out, 128 + int(sig), (
+            f"stopped by {name}: " + (_saved_line(saved) if saved else
+                                     "no checkpoint was reported")))
     # A preemption every worker answered by itself: their codes and what
     # they reported decide (a SLURM script requeues on 143 only).
     codes = ([p.returncode for p in group.procs] if hasattr(group, "procs")
              else [group.proc.returncode])
-    code, line = outcome.after_signal(codes, workers.reported_checkpoint(
-        group), 128 + int(sig))
-    _say(out, line)
-    return code
+    return _close(out, *outcome.after_signal(codes, saved, 128 + int(sig)))
 
 
 def _said_complete(out, group, killed, grace_seconds: float) -> bool:
@@ -399,9 +534,10 @@ def _say_killed(out, killed, grace_seconds: float) -> None:
     who = ("the MPI ranks" if killed == [None] else
            ", ".join(f"worker {i}" for i in killed))
     _say(out, f"the grace of {grace_seconds:g} s ran out: SIGKILLed {who} "
-              "before it finished (a preemption checkpoint may be missing; "
-              "exit 137). Raise --grace_seconds, or lower the workers' "
-              "--max_call_seconds")
+              "before it finished (a preemption checkpoint may be missing). "
+              "Raise --grace_seconds to hold a step and a save (the jobs and "
+              "the Trainer also bound a step: --max_call_seconds, "
+              "TrainConfig.max_call_seconds)")
 
 
 def _start_service(num_workers, work_dir, port, base_env, out):
@@ -459,11 +595,37 @@ def _parser() -> argparse.ArgumentParser:
                         help="after a worker fails, seconds the others get "
                              "between SIGTERM and SIGKILL (a file being "
                              "written is finished) (default: 5)")
+    parser.add_argument("--restart_backoff_seconds", type=float, default=1.0,
+                        help="wait before the first restart, doubled at "
+                             "each one after (default: 1)")
+    parser.add_argument("--max_backoff_seconds", type=float, default=60.0,
+                        help="the longest wait between two attempts "
+                             "(default: 60)")
+    _add_hang_options(parser.add_argument_group("hangs"))
     _add_mpi_options(parser.add_argument_group("--backend mpi"))
     _add_gpu_options(parser.add_argument_group("GPUs"))
     _add_data_service_options(
         parser.add_argument_group("tf.data service"))
     return parser
+
+
+def _add_hang_options(group) -> None:
+    """When a worker that writes heartbeats (the Trainer, model.fit after
+    enable_multi_worker_fit) counts as hung."""
+    group.add_argument("--hang_factor", type=float, default=10.0,
+                       help="a worker silent for this many times the "
+                            "longest its phase (step, checkpoint, "
+                            "evaluation) has taken in this run is hung: "
+                            "named, the job stopped and restarted "
+                            "(default: 10)")
+    group.add_argument("--hang_floor_seconds", type=float, default=180.0,
+                       help="the shortest silence that counts as a hang "
+                            "(default: 180)")
+    group.add_argument("--hang_ceiling_seconds", type=float, default=1800.0,
+                       help="the longest silence allowed, and the limit of "
+                            "a phase no earlier time bounds (the first "
+                            "compile, checkpoint, evaluation) (default: "
+                            "1800)")
 
 
 def _add_mpi_options(group) -> None:
@@ -532,7 +694,12 @@ def parse_args(argv: Sequence[str]):
             data_service_dir=args.data_service_dir,
             gpus_per_worker=args.gpus_per_worker,
             share_gpus=args.share_gpus,
-            failure_grace_seconds=args.failure_grace_seconds)
+            failure_grace_seconds=args.failure_grace_seconds,
+            restart_backoff_seconds=args.restart_backoff_seconds,
+            max_backoff_seconds=args.max_backoff_seconds,
+            hang_floor_seconds=args.hang_floor_seconds,
+            hang_ceiling_seconds=args.hang_ceiling_seconds,
+            hang_factor=args.hang_factor)
     except ValueError as e:
         parser.error(str(e))
     return args

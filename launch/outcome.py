@@ -40,8 +40,9 @@ def after_signal(codes: Sequence[int], saved: Optional[str],
     if unsaved:
         return PREEMPTED_UNSAVED_EXIT_CODE, (
             f"nothing saved: worker {unsaved[0]} had no checkpoint "
-            "directory (exit 3); a rerun starts over: give the Trainer a "
-            "checkpoint_dir (the jobs' --output_dir)")
+            "directory; a rerun starts over: give the Trainer a "
+            "checkpoint_dir (the jobs' --output_dir), model.fit a "
+            "keras.callbacks.BackupAndRestore")
     failed = [(i, c) for i, c in enumerate(codes)
               if c not in (0, PREEMPTED_EXIT_CODE)]
     if failed:

@@ -48,6 +48,22 @@ def find_free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
             s.close()
 
 
+def taken(ports_: List[int], host: str = "127.0.0.1") -> List[int]:
+    """Those of `ports_` another program listens on now (a port in
+    TIME_WAIT, left by a worker that just exited, is not taken)."""
+    busy = []
+    for port in ports_:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            busy.append(port)
+        finally:
+            probe.close()
+    return busy
+
+
 def lock_folder() -> str:
     """Where the leases' lock files are: one folder for the host's users."""
     return os.path.join(tempfile.gettempdir(), "tfscale-ports")

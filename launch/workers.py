@@ -22,8 +22,8 @@ import threading
 import time
 from typing import List, Mapping, Optional, Sequence
 
-from launch import children
-from tfscale.cluster.contract import CHECKPOINT_COMPLETE
+from launch import children, hangs
+from tfscale.cluster.contract import CHECKPOINT_COMPLETE, HUNG_EXIT_CODE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +66,7 @@ class ProcessGroup:
         self.last_lines = {}  # worker index -> its error line (remember)
         self.checkpoints = []  # preemption checkpoints said complete
         self.held_back = []  # (worker, line) printed after `mute`
+        self.hung = {}  # worker index -> why it is held to have hung
         self._muted = False
         self._exit_order = []  # worker indexes as their processes ended
         self.procs = []
@@ -137,15 +138,28 @@ class ProcessGroup:
         named = LOST_PEER.search(line)
         peer = int(named.group(1)) if named else -1
         if not 0 <= peer < len(self.procs) or peer == index:
-            return index, code
+            return self._stopped_peer(index, line) or (index, code)
         try:
             peer_code = self.procs[peer].wait(timeout=PEER_SECONDS)
         except subprocess.TimeoutExpired:
-            return index, code
+            return self._stopped_peer(index, line) or (index, code)
         if peer_code == 0:
             return index, code
         self._threads[peer].join(timeout=2)
         return peer, peer_code
+
+    def _stopped_peer(self, index: int, line: str):
+        """(peer, HUNG_EXIT_CODE) for a live worker the kernel holds
+        stopped (SIGSTOP): its peers lost it and failed first, but it is
+        the cause (`hung` says why); None when none is."""
+        pids = [p.pid if p.poll() is None else None for p in self.procs]
+        held = [i for i in hangs.stopped_workers(pids) if i != index]
+        if not held:
+            return None
+        self.hung[held[0]] = (
+            "stopped by the kernel (SIGSTOP or a debugger: state T), so "
+            f"its peers lost it; worker {index} said: {line.strip()[:200]}")
+        return held[0], HUNG_EXIT_CODE
 
     def all_done(self) -> bool:
         return all(p.poll() is not None for p in self.procs)
@@ -212,7 +226,12 @@ def note_checkpoint(checkpoints: list, line: str) -> None:
 def checkpoint_complete(prefix: str) -> bool:
     """Whether the TensorFlow checkpoint `prefix` is whole on disk: its
     index (written last) and every data shard it names
-    (`PREFIX.data-0000i-of-0000N`)."""
+    (`PREFIX.data-0000i-of-0000N`); for a folder, the Keras
+    BackupAndRestore backup in it (`model.fit`'s): its weights and the
+    metadata that names their epoch."""
+    if os.path.isdir(prefix):
+        return all(os.path.isfile(os.path.join(prefix, name)) for name in
+                   ("latest.weights.h5", "training_metadata.json"))
     if not os.path.exists(prefix + ".index"):
         return False
     shards = glob.glob(glob.escape(prefix) + ".data-*-of-*")

@@ -17,6 +17,7 @@ import os
 
 from models import bert
 from models.bert_config import BertConfig
+from tfscale import durable
 
 CONFIG_FILE = "bert_config.json"
 PRETRAINER_FILE = "bert_pretrainer.weights.h5"
@@ -26,21 +27,21 @@ ENCODER_FILE = "encoder.weights.h5"
 def export(model: bert.BertPretrainer, output_dir: str) -> str:
     """Writes `model` (and its encoder) to `output_dir`; returns the dir.
 
-    Each file is written beside its name and renamed into place: a process
-    killed mid-export (a scheduler's SIGKILL) leaves every file whole, the
-    old one or the new."""
+    Each file is written beside its name and renamed into place
+    (`tfscale.durable.commit`): a process killed mid-export (a scheduler's
+    SIGKILL) leaves every file whole, the old one or the new, and a write
+    that fails (a full disk) removes its partial file and names its path.
+    """
     os.makedirs(output_dir, exist_ok=True)
-    temporary = f".tmp-{os.getpid()}"
-    config_path = os.path.join(output_dir, CONFIG_FILE)
-    with open(config_path + temporary, "w") as f:
-        json.dump(model.config.to_dict(), f, indent=2)
-    os.replace(config_path + temporary, config_path)
+
+    def write_config(path):
+        with open(path, "w") as f:
+            json.dump(model.config.to_dict(), f, indent=2)
+
+    durable.commit(write_config, os.path.join(output_dir, CONFIG_FILE))
     for layer, name in ((model, PRETRAINER_FILE),
                         (model.encoder, ENCODER_FILE)):
-        # (Keras wants the name to end in .weights.h5.)
-        staged = os.path.join(output_dir, temporary[1:] + "." + name)
-        layer.save_weights(staged)
-        os.replace(staged, os.path.join(output_dir, name))
+        durable.commit(layer.save_weights, os.path.join(output_dir, name))
     return output_dir
 
 

@@ -16,7 +16,10 @@ import pytest
 import tensorflow as tf
 
 from models import bert, bert_config
+from tests.conftest import REPO
 from tests.test_trainer import TWO_CPUS, mirrored
+from tfscale import durable
+from tfscale.errors import DiskFull
 from tfscale.resume import checkpoints as checkpointing
 from tfscale.trainer.loop import TrainConfig, Trainer
 
@@ -470,3 +473,113 @@ def test_no_whole_checkpoint_left_is_one_line(tmp_path):
                              r"match\): moved to ckpt-2.corrupt; no whole "
                              r"checkpoint is left to resume from"):
         again.fit(shuffled_fn(again), steps_per_epoch=4)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 kB file system of its own (tmpfs; skipped where this user
+    cannot mount one)."""
+    import subprocess
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs",
+                           str(folder)], capture_output=True)
+    if done.returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield str(folder)
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def keeper_of(folder, values=32 * 1024):
+    weights = tf.Variable(tf.zeros([values]))
+    return checkpointing.CheckpointKeeper(folder, is_chief=True,
+                                          weights=weights)
+
+
+def test_a_full_disk_is_one_line_before_the_save_and_while_it(small_disk,
+                                                            monkeypatch):
+    """Before: `ResourceExhaustedError: ...ckpt-300_temp...; No space left
+    on device`, exit 1, restarted into the same error. Now `DiskFull` (exit
+    2, not restarted) naming the folder, the last checkpoint's bytes and
+    the bytes free; checked before the save, and a save that fills the
+    disk leaves no `_temp` folder (mutations tried: the ENOSPC branch
+    removed -> TensorFlow's ResourceExhaustedError here; the check before
+    the save removed -> the next test fails)."""
+    keeper = keeper_of(small_disk)
+    assert keeper.save(1).endswith("ckpt-1")  # 128 kB of 256
+    with pytest.raises(DiskFull, match=(
+            rf"^no room for checkpoint ckpt-2 in {small_disk}: the last one "
+            r"\(ckpt-1\) took 131\.\d kB, \d+\.\d kB free; free space")):
+        keeper.save(2)
+    monkeypatch.setattr(checkpointing, "check_room", lambda *a: None)
+    with pytest.raises(DiskFull, match="no room for checkpoint ckpt-2"):
+        keeper.save(2)
+    assert sorted(os.listdir(small_disk)) == [
+        "checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]
+    assert tf.train.latest_checkpoint(small_disk).endswith("ckpt-1")
+
+
+def test_the_room_check_reads_the_free_bytes_of_the_folder(tmp_path,
+                                                           monkeypatch):
+    keeper = keeper_of(str(tmp_path), values=16)
+    keeper.save(1)
+    monkeypatch.setattr(durable, "free_bytes", lambda folder: 10)
+    with pytest.raises(DiskFull, match=r"took \d+ B, 10 B free"):
+        keeper.save(2)
+
+
+def test_a_failed_write_names_its_path_and_leaves_no_partial_file(tmp_path):
+    def fill(path):
+        with open(path, "wb") as f:
+            f.write(b"\0" * 2048)
+        raise OSError(28, "Can't synchronously write data")
+
+    final = str(tmp_path / "encoder.weights.h5")
+    with pytest.raises(DiskFull, match=(
+            rf"^cannot write {final}: the disk is full \(.* free in ")):
+        durable.commit(fill, final)
+    assert os.listdir(tmp_path) == []
+
+    def refuse(path):
+        raise PermissionError(13, "Permission denied")
+
+    with pytest.raises(OSError, match=f"cannot write {final}: Permission "
+                                      "denied"):
+        durable.commit(refuse, final)
+
+
+def test_a_job_that_meets_a_full_disk_exits_2_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    script = ("from tfscale import cli\n"
+              "from tfscale.errors import DiskFull\n"
+              "def job(config):\n"
+              "    raise DiskFull('no room for checkpoint ckpt-2 in /x')\n"
+              "cli.run_job('run_pretraining', job, None)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "run_pretraining: error: no room for checkpoint ckpt-2 in /x")
+    assert "Traceback" not in done.stderr
+
+
+def test_a_worker_other_than_the_chief_names_the_chiefs_checkpoint(tmp_path):
+    """Before: after a Ctrl-C at step 197, worker 1 said `saved
+    .../ckpt-121` (the checkpoint it had restored) while worker 0 wrote
+    ckpt-197: a worker's own save goes to a private folder and named
+    nothing (mutation tried: `path or chief_path` -> `path` fails)."""
+    from tfscale.resume.position import RunPosition
+    from tfscale.resume.start import Saver
+    position = RunPosition(8)
+    keeper = checkpointing.CheckpointKeeper(
+        str(tmp_path), is_chief=False, worker_index=1, num_workers=2,
+        step=position.step_variable)
+    saver = Saver(keeper, position)
+    saver.saved_at(121, str(tmp_path / "ckpt-121"))
+    position.advance(197)
+    saver.save()
+    assert saver.on_disk == str(tmp_path / "ckpt-197")
+    keeper.close()

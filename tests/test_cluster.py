@@ -1,7 +1,12 @@
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
+from tests.conftest import REPO
 from tfscale.cluster.environment import (ClusterConfig, ClusterError,
                                          resolve_cluster)
 
@@ -145,3 +150,44 @@ def test_mpi_backend_rejects_environments_it_cannot_use(env, message):
 def test_backend_is_validated():
     with pytest.raises(ValueError, match="backend must be one of"):
         ClusterConfig(backend="horovod")
+
+
+def test_the_start_up_watchdog_ends_a_worker_holding_the_gil_with_its_own_code():
+    # TensorFlow waiting for peers holds the GIL, as this C sleep does:
+    # no Python handler runs. The watchdog's signal still ends the process
+    # with STARTUP_TIMEOUT_EXIT_CODE (not 137, an out-of-memory kill to a
+    # scheduler); without `exit_on_signal` it would die of the signal.
+    from tfscale.cluster import contract, watchdog
+    code = contract.STARTUP_TIMEOUT_EXIT_CODE
+    script = (
+        "import ctypes, os, subprocess, sys\n"
+        f"sys.path.insert(0, {REPO!r})\n"
+        "from tfscale.cluster import watchdog\n"
+        f"assert watchdog.exit_on_signal({code})\n"
+        "w = subprocess.Popen([sys.executable, watchdog.__file__, "
+        f"str(os.getpid()), '1.5', '{code}', 'worker 0', '127.0.0.1:1'], "
+        "stdin=subprocess.PIPE)\n"
+        "ctypes.PyDLL(None).sleep(60)\n")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == code, done.stderr[-2000:]
+    assert time.monotonic() - start < 30
+    assert ("tfscale: worker 0 could not start the cluster within 1.5s "
+            f"(unreachable peer(s): 127.0.0.1:1); exit {code}") in done.stderr
+    assert watchdog.exit_on_signal  # (the module imports without TF)
+
+
+def test_the_start_up_watchdog_says_which_peers_it_waits_for(monkeypatch,
+                                                             capsys):
+    from tfscale.cluster import watchdog
+    monkeypatch.setattr(watchdog, "REPORT_SECONDS", 0.2)
+    read, write = os.pipe()
+    monkeypatch.setattr(sys, "stdin", os.fdopen(read))
+    try:
+        assert not watchdog._wait(1.0, "worker 0", ["127.0.0.1:1"])
+    finally:
+        os.close(write)
+    said = capsys.readouterr().err
+    assert ("tfscale: worker 0 still waiting for the cluster after 0 s "
+            "(unreachable peer(s): 127.0.0.1:1); giving up at 1 s") in said

@@ -239,3 +239,23 @@ def test_the_quick_tests_are_the_ones_the_table_marks():
                            (REPO / "docs" / "tests.md").read_text(), re.M))
     assert set(rows) == {p.name for p in (REPO / "tests").glob("test_*.py")}
     assert {name for name, mark in rows.items() if mark == "yes"} == quick
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/launching.md"])
+def test_the_exit_code_tables_hold_the_contracts_codes(page):
+    """A SLURM script decides on these codes: each of the contract's has
+    its row, and a row's "restarted" says what the launcher does."""
+    from tfscale.cluster import contract
+    text = (REPO / page).read_text()
+    rows = {int(m.group(1)): m.group(0) for m in
+            re.finditer(r"^\| (\d+) \|.*$", text, re.MULTILINE)}
+    codes = {getattr(contract, name) for name in dir(contract)
+             if name.endswith("_EXIT_CODE")}
+    assert codes <= set(rows), (codes - set(rows))
+    for code in (contract.CONFIG_ERROR_EXIT_CODE,
+                 contract.PREEMPTED_UNSAVED_EXIT_CODE):
+        assert "| no |" in rows[code], rows[code]
+    for code in (contract.PREEMPTED_EXIT_CODE,
+                 contract.STARTUP_TIMEOUT_EXIT_CODE, 137):
+        assert "| yes |" in rows[code], rows[code]
+    assert "requeue" in rows[contract.PREEMPTED_EXIT_CODE]

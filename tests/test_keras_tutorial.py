@@ -4,6 +4,7 @@ with `trainer.fit`. See tests/workers/keras_tutorial.py."""
 
 import csv
 import os
+import re
 
 import numpy as np
 import pytest
@@ -16,11 +17,13 @@ pytestmark = pytest.mark.slow
 OUTPUTS = {}
 
 
-def tutorial(num_workers, out, *args, launcher_args=()):
+def tutorial(num_workers, out, *args, launcher_args=(), expect_ok=True):
     out.mkdir()
-    _, OUTPUTS[out.name] = run_workers(
+    code, OUTPUTS[out.name] = run_workers(
         num_workers, ["tests.workers.keras_tutorial", f"--out={out}", *args],
-        launcher_args=launcher_args, timeout=400)
+        launcher_args=launcher_args, timeout=400, expect_ok=expect_ok)
+    if not expect_ok:
+        return code
     return [load(out / f"weights_{i}.npz") for i in range(num_workers)]
 
 
@@ -98,3 +101,41 @@ def test_tutorial_on_two_workers_fit_trainer_and_kill9_resume(tmp_path):
         assert epochs.split() == ["0", "1", "1", "2"], (index, epochs)
     assert_identical(resumed[0], resumed[1])
     assert_close(resumed[0], fit2[0], tol=1e-6)
+
+    # SIGTERM to worker 1 after batch 3 of epoch 1 (a scheduler preempting
+    # its node; before, TensorFlow's notifier caught it and training went
+    # on until the SIGKILL): both workers agree on that batch, the chief's
+    # backup is written there and both exit 143; the launcher restarts
+    # them, the rerun reads the epoch's first 4 batches without training
+    # on them, and the run ends where the uninterrupted one ends (mutation
+    # tried: the skip removed -> the weights differ).
+    out = tmp_path / "termed"
+    resumed = tutorial(2, out, "--mode=fit", "--term_at_epoch=1",
+                       launcher_args=["--max_restarts", "1"])
+    said = OUTPUTS["termed"]
+    assert ("[worker 0] tfscale: preemption checkpoint complete: "
+            f"{out / 'backup'} (epoch 2, batch 4, SIGTERM)") in said, said[-4000:]
+    assert re.search(r"\[launcher\] worker \d was preempted \(exit 143\)",
+                     said), said[-4000:]
+    assert ("[worker 0] tfscale: resuming epoch 2 after its batch 4: its "
+            "first 4 batches are read, not trained on") in said, said[-4000:]
+    for index in (0, 1):
+        epochs = (out / f"epochs_{index}.txt").read_text()
+        assert epochs.split() == ["0", "1", "1", "2"], (index, epochs)
+    assert_identical(resumed[0], resumed[1])
+    assert_close(resumed[0], fit2[0], tol=1e-6)
+
+
+def test_a_preempted_fit_without_a_backup_says_nothing_saved(tmp_path):
+    code = tutorial(2, tmp_path / "unsaved", "--mode=fit", "--epochs=1",
+                    "--term_at_epoch=0", "--no_backup",
+                    launcher_args=["--max_restarts", "1"], expect_ok=False)
+    said = OUTPUTS["unsaved"]
+    assert code == 3, said[-4000:]
+    assert ("[worker 0] tfscale: preempted (SIGTERM) in epoch 1 after batch "
+            "4: no keras.callbacks.BackupAndRestore: nothing saved") in said
+    assert said.rstrip().splitlines()[-1].startswith(
+        "[launcher] exit 3: nothing saved: a restart would start over"), \
+        said[-3000:]
+    assert "restart 1/1" not in said
+

@@ -17,7 +17,7 @@ from benchmarks.step_calls import make_data
 from models import bert, bert_config, elementwise
 from tfscale.errors import ConfigError
 from tfscale.optim.lamb import Lamb
-from tfscale.resume.preemption import SignalWatch
+from tfscale.cluster.signal_watch import SignalWatch
 from tfscale.step.feed import BatchSizeError
 from tfscale.trainer.loop import TrainConfig, Trainer
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from launch import ports
+from tfscale.cluster import contract
 from tests.conftest import REPO, run_command, run_workers
 
 pytestmark = pytest.mark.slow
@@ -219,9 +220,11 @@ def test_unreachable_peer_fails_within_the_connect_timeout(tmp_path,
     code, output = run_command(
         [sys.executable, "-m", *WORKER, "--out", str(tmp_path),
          "--connect_timeout", "5"], env=env, timeout=120)
-    assert code == -9  # killed by the watchdog process
+    # Its own code, not 137 (an out-of-memory kill to a scheduler).
+    assert code == contract.STARTUP_TIMEOUT_EXIT_CODE, output[-3000:]
     assert time.monotonic() - start < 60
-    assert f"unreachable peer(s): 127.0.0.1:{two_ports[1]}" in output
+    assert (f"unreachable peer(s): 127.0.0.1:{two_ports[1]}); exit "
+            f"{contract.STARTUP_TIMEOUT_EXIT_CODE}") in output
     from tests.test_launch import processes_mentioning
     assert processes_mentioning(str(tmp_path)) == []  # no worker left
     # Nor its watchdog (the only process with the peer's address on its
@@ -270,3 +273,49 @@ def test_three_workers_leave_together_when_the_chief_is_last_to_finish():
     left, reported = times("left"), times("reporting")
     assert sorted(left) == [0, 1, 2] and sorted(reported) == [1, 2], output
     assert left[0] > max(reported.values()), output
+
+
+@pytest.mark.slow
+def test_a_worker_stuck_on_its_host_is_named_within_the_hang_floor(
+        tmp_path):
+    # Worker 1's callback sleeps after step 4 (stuck in Python): its
+    # coordination-service heartbeats go on, and worker 0 waits inside its
+    # next call's all-reduce. Before: 300 s (the collective timeout), then
+    # the waiting worker 0 named. Now its Trainer's heartbeat stops and the
+    # launcher names worker 1 after the floor (mutation tried: the culprit
+    # taken as the first silent worker, not the one furthest behind ->
+    # worker 0 named).
+    start = time.monotonic()
+    code, output = run_workers(
+        2, [*WORKER, "--out", str(tmp_path), "--steps", "30", "--hang_at",
+            "4", "--collective_timeout", "300"],
+        launcher_args=["--hang_floor_seconds", "5",
+                       "--failure_grace_seconds", "1"],
+        expect_ok=False, timeout=240)
+    assert code == contract.HUNG_EXIT_CODE, output[-3000:]
+    assert time.monotonic() - start < 120
+    assert re.search(r"\[launcher\] worker 1 hung: no next step call for "
+                     r"\d+ s, past the floor of 5 s .*; last seen between "
+                     r"step calls after step 4;", output), output[-3000:]
+    assert output.rstrip().splitlines()[-1].startswith(
+        "[launcher] exit 124: worker 1 hung"), output[-2000:]
+
+
+@pytest.mark.slow
+def test_workers_that_resume_at_different_steps_refuse_in_one_line(tmp_path):
+    # The checkpoint folder not shared between hosts: the chief resumed at
+    # its last step, worker 1 at step 0. Before: both waited in their first
+    # collective for 300 s, then "Collective has timed out".
+    ckpt = str(tmp_path / "ckpt")
+    args = [*WORKER, "--out", str(tmp_path), "--steps", "6",
+            "--checkpoint_dir", ckpt, "--save_steps", "3",
+            "--unshared_checkpoints"]
+    run_workers(2, args)
+    code, output = run_workers(2, args, launcher_args=["--max_restarts", "2"],
+                               expect_ok=False)
+    assert code == 2, output[-3000:]
+    assert ("the workers would resume at different steps: worker 0 at step 6 "
+            f"from {ckpt}/ckpt-6, worker 1 at step 0 from nothing in "
+            f"{ckpt}-1; every worker must see the chief's checkpoint "
+            "folder") in output, output[-3000:]
+    assert "restart 1/2" not in output

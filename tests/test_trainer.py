@@ -520,7 +520,7 @@ def test_ctrl_c_is_recorded_once():
     # once: tests/test_preemption_phases.py, in a process of its own.)
     import signal
 
-    from tfscale.resume.preemption import SignalWatch
+    from tfscale.cluster.signal_watch import SignalWatch
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with SignalWatch() as watch:

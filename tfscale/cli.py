@@ -88,13 +88,14 @@ def usage_error(program: str, message: str):
 
 def run_job(program: str, job: Callable, config) -> None:
     """Runs `job(config)` on this worker, then leaves the process (`leave`):
-    exit 0; a `JobError` becomes one line on stderr and exit 2
+    exit 0; a `JobError` (or a `ConfigError` raised while training, a full
+    disk) becomes one line on stderr and exit 2
     (`CONFIG_ERROR_EXIT_CODE`: launchers do not restart), or 1 when another
     attempt may succeed (`JobError.restartable`); preemption prints a line
     and exits 143 after the checkpoint (launchers and schedulers restart
     the job), Ctrl-C 130; any other error, its traceback and exit 1.
     """
-    from tfscale.errors import MissingExtra
+    from tfscale.errors import ConfigError, MissingExtra
     from tfscale.jobs import JobError
     from tfscale.resume.preemption import Preempted
     raise_open_file_limit()
@@ -108,6 +109,9 @@ def run_job(program: str, job: Callable, config) -> None:
               f"{e.line(getattr(config, 'flag_names', None))}",
               file=sys.stderr)
         leave(1 if e.restartable else CONFIG_ERROR_EXIT_CODE)
+    except ConfigError as e:  # raised while running: a full disk
+        print(f"{program}: error: {e}", file=sys.stderr)
+        leave(CONFIG_ERROR_EXIT_CODE)
     except Preempted as e:
         print(f"{program}: {e}", file=sys.stderr)
         leave(e.code)

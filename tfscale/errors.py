@@ -100,6 +100,16 @@ class MissingExtra(ImportError):
     so, with no traceback)."""
 
 
+class DiskFull(ConfigError):
+    """No room left where a file or checkpoint is written (ENOSPC, a
+    quota): another attempt would fail alike until space is freed, so it
+    exits `CONFIG_ERROR_EXIT_CODE` (launchers do not restart it). The
+    message names the folder, what the write needed and what is free."""
+
+    def __init__(self, message: str):
+        super().__init__(None, message)
+
+
 class CollectiveMisuse(ConfigError):
     """A collective called on some workers only (`evaluate()` on the chief
     alone): the program's error, which a restart would repeat, in one line

@@ -44,7 +44,7 @@ from tfscale.optim import OptimConfig, make_optimizer
 from tfscale.trainer.timing import IntervalHistory
 from tfscale.train_config import TrainConfig
 from tfscale.trainer.loop import Trainer
-from tfscale.resume.preemption import SignalWatch
+from tfscale.cluster.signal_watch import SignalWatch
 
 
 class JobError(Exception):

@@ -10,7 +10,9 @@ ten image bands, so the CNN has something to learn.
 
 Each worker saves its final weights to `<out>/weights_<index>.npz` and the
 epochs it started to `<out>/epochs_<index>.txt`. `--kill_at_epoch=E` makes
-worker 1 kill itself (SIGKILL) in the middle of epoch E, the first time only.
+worker 1 kill itself (SIGKILL) in the middle of epoch E, the first time only;
+`--term_at_epoch=E` sends it SIGTERM there instead (a scheduler preempting
+its node), and `--no_backup` leaves BackupAndRestore out.
 """
 
 import argparse
@@ -59,12 +61,14 @@ class EpochLog(keras.callbacks.Callback):
 
 
 class KillMidEpoch(keras.callbacks.Callback):
-    """SIGKILL in the middle of an epoch: by then the chief has written the
-    previous epoch's backup (the batches' collectives wait for it)."""
+    """SIGKILL (or `sig`) in the middle of an epoch: by then the chief has
+    written the previous epoch's backup (the batches' collectives wait for
+    it)."""
 
-    def __init__(self, epoch, marker):
+    def __init__(self, epoch, marker, sig=signal.SIGKILL):
         super().__init__()
         self.epoch, self.marker, self.current = epoch, marker, 0
+        self.sig = sig
 
     def on_epoch_begin(self, epoch, logs=None):
         self.current = epoch
@@ -73,7 +77,7 @@ class KillMidEpoch(keras.callbacks.Callback):
         if self.current == self.epoch and batch == 3 and not os.path.exists(
                 self.marker):
             open(self.marker, "w").close()
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.sig)
 
 
 def main():
@@ -84,6 +88,8 @@ def main():
     parser.add_argument("--global_batch", type=int, default=64)
     parser.add_argument("--examples", type=int, default=1024)
     parser.add_argument("--kill_at_epoch", type=int, default=-1)
+    parser.add_argument("--term_at_epoch", type=int, default=-1)
+    parser.add_argument("--no_backup", action="store_true")
     args = parser.parse_args()
     tf_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
     index = tf_config.get("task", {}).get("index", 0)
@@ -99,18 +105,24 @@ def main():
 
     out = args.out
     callbacks = [
-        keras.callbacks.BackupAndRestore(backup_dir=os.path.join(out, "backup"),
-                                         delete_checkpoint=False),
         keras.callbacks.ModelCheckpoint(
             os.path.join(out, "ckpt", "epoch{epoch:02d}.weights.h5"),
             save_weights_only=True),
         keras.callbacks.TensorBoard(log_dir=os.path.join(out, "tensorboard")),
         keras.callbacks.CSVLogger(os.path.join(out, "log.csv")),
+        keras.callbacks.EarlyStopping(monitor="loss", patience=100),
         EpochLog(os.path.join(out, f"epochs_{index}.txt")),
     ]
+    if not args.no_backup:
+        callbacks.insert(0, keras.callbacks.BackupAndRestore(
+            backup_dir=os.path.join(out, "backup"), delete_checkpoint=False))
     if index == 1 and args.kill_at_epoch >= 0:
         callbacks.append(KillMidEpoch(args.kill_at_epoch,
                                       os.path.join(out, "killed")))
+    if index == 1 and args.term_at_epoch >= 0:
+        callbacks.append(KillMidEpoch(args.term_at_epoch,
+                                      os.path.join(out, "termed"),
+                                      signal.SIGTERM))
     if args.mode == "fit":
         model.fit(dataset, epochs=args.epochs, callbacks=callbacks, verbose=2)
     else:

@@ -84,6 +84,9 @@ def main(argv):
     p.add_argument("--shard", action="store_true",
                    help="TrainConfig(shard_optimizer_state=True)")
     p.add_argument("--checkpoint_dir", default=None)
+    p.add_argument("--unshared_checkpoints", action="store_true",
+                   help="worker i > 0 reads CHECKPOINT_DIR-i: a folder the "
+                        "workers do not share, as on two hosts")
     p.add_argument("--save_steps", type=int, default=0)
     p.add_argument("--model_checkpoint", default=None)
     p.add_argument("--csv", default=None)
@@ -165,7 +168,10 @@ def main(argv):
     train_config = trainer_lib.TrainConfig(
         global_batch_size=args.global_batch,
         num_accumulation_steps=args.accum, jit_compile=args.xla,
-        clip_global_norm=args.clip, checkpoint_dir=args.checkpoint_dir,
+        clip_global_norm=args.clip,
+        checkpoint_dir=(f"{args.checkpoint_dir}-{info.worker_index}"
+                        if args.unshared_checkpoints and info.worker_index
+                        else args.checkpoint_dir),
         save_checkpoints_steps=args.save_steps,
         log_steps=args.log_steps or (12 if args.steps_per_execution > 1
                                      else 2),

@@ -16,6 +16,9 @@
     collectives.py   how workers sum and agree: one object per backend
     mpi.py           the MPI backend (mpi4py's Allreduce)
     fail_fast.py     one failed worker ends the job at once
+    signal_watch.py  SIGTERM, SIGUSR1 and Ctrl-C recorded for a run to act
+                     on where its workers agree
+    heartbeat.py     the phase a worker is in, for its launcher's hang watch
     watchdog.py      the start-up watchdog process
     link_probe.py    your hosts' all-reduce at a sweep of sizes, for
                      tfscale-plan --link

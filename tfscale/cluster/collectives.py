@@ -77,6 +77,7 @@ class StrategyCollectives:
         self._timeout_ms = int(1000 * (timeout or _NO_TIMEOUT_SECONDS))
         self._barriers = 0
         self._rendezvous = 0
+        self._exchanges = 0
         if self.num_workers > 1:
             # A script that ends while a peer waits in a rendezvous (the
             # chief's lone `evaluate()`) says so at once.
@@ -104,6 +105,15 @@ class StrategyCollectives:
             return float(value)
         total = self._sum(tf.constant(float(value)))
         return float(self.strategy.experimental_local_results(total)[0])
+
+    def agree_flags(self, *flags) -> list:
+        """How many replicas raised each of `flags` (one all-reduce for
+        all of them)."""
+        if self.num_workers == 1:
+            return [float(bool(f)) for f in flags]
+        total = self._sum(tf.constant([float(bool(f)) for f in flags]))
+        return [float(v) for v in
+                self.strategy.experimental_local_results(total)[0].numpy()]
 
     def _sum_fn(self, value):
         def replica_fn():
@@ -139,6 +149,28 @@ class StrategyCollectives:
         if missing:
             raise CollectiveMisuse.of(what, self.worker_index, missing,
                                       seconds)
+
+    def exchange(self, name: str, mine: str, seconds: float) -> dict:
+        """{worker index: its value} once every worker has called
+        `exchange(name, ...)`, through the coordination service's
+        key-value store (no collective); a worker that does not come
+        within `seconds` is left out. Only this worker's value without the
+        service."""
+        values = {self.worker_index: mine}
+        service = _compat.coordination_service()
+        if self.num_workers == 1 or service is None:
+            return values
+        self._exchanges += 1
+        key = f"tfscale/exchange/{self._exchanges}/{name}"
+        service.set_config_key_value(f"{key}/{self.worker_index}", mine)
+        for index in range(self.num_workers):
+            if index != self.worker_index:
+                try:
+                    values[index] = service.get_config_key_value(
+                        f"{key}/{index}", int(seconds * 1000))
+                except tf.errors.OpError:
+                    continue
+        return values
 
     def _announce_end(self) -> None:
         """At a normal exit: the next rendezvous slot says the program

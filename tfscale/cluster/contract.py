@@ -19,17 +19,45 @@ PREEMPTED_EXIT_CODE = 143
 # do not restart such a job.
 PREEMPTED_UNSAVED_EXIT_CODE = 3
 
-# What a preempted worker prints once the checkpoint of the agreed step is
-# complete on disk, followed by its path: a launcher that has to SIGKILL a
-# worker slow to exit after that can tell a whole checkpoint from a
-# missing one by looking at those files.
-CHECKPOINT_COMPLETE = "tfscale: preemption checkpoint complete:"
+# What a preempted worker prints (after its "tfscale: " prefix) once the
+# checkpoint of the agreed step is complete on disk, followed by its path:
+# a launcher that has to SIGKILL a worker slow to exit after that can tell
+# a whole checkpoint from a missing one by looking at those files.
+CHECKPOINT_COMPLETE = "preemption checkpoint complete:"
 
 # A worker that stopped on a setting it cannot run with (a flag, a
 # configuration, its input files: a one-line error naming the culprit)
 # exits with this code (a shell's and argparse's code for misuse). Another
 # attempt would fail alike: launchers do not restart such a job.
 CONFIG_ERROR_EXIT_CODE = 2
+
+# A worker whose cluster did not start within its connect timeout (a peer
+# that never came up, a stale TF_CONFIG) exits with this code, after a line
+# naming the peers that do not answer. Not 137: schedulers read 137 as an
+# out-of-memory kill. TensorFlow holds the GIL while it waits for peers, so
+# the worker's watchdog process ends it with this real-time signal, whose
+# handler is the C library's `_exit` (the code is the signal's number:
+# `tfscale/cluster/watchdog.py`). Launchers restart it (a peer on another
+# host may only have been slow).
+STARTUP_TIMEOUT_EXIT_CODE = 40
+
+# What a launcher exits with when a worker hung (alive, but no heartbeat
+# within its phase's timeout, or stopped: SIGSTOP) and no restart was left
+# (GNU timeout's code for "timed out").
+HUNG_EXIT_CODE = 124
+
+# The folder a launcher gives its workers for their heartbeats: each writes
+# `worker-<index>` there (`tfscale/cluster/heartbeat.py`) with the phase it
+# is in, its step and how long its last step or phase took, and the
+# launcher names a worker silent past its phase's timeout
+# (`launch/hangs.py`).
+HEARTBEAT_DIR_ENV = "TFSCALE_HEARTBEAT_DIR"
+
+
+def heartbeat_path(folder: str, index: int) -> str:
+    """Worker `index`'s heartbeat file in `folder`."""
+    return f"{folder.rstrip('/')}/worker-{index}"
+
 
 # The tf.data service dispatcher (HOST:PORT) the entry points read their
 # training records from; `launch.local --data_service_workers K` sets it.
@@ -109,6 +137,10 @@ SECONDS = {
     "connect_timeout_seconds": (1.0, DAY_SECONDS, None),
     "grace_seconds": (0.0, DAY_SECONDS, None),
     "failure_grace_seconds": (0.0, DAY_SECONDS, None),
+    "restart_backoff_seconds": (0.0, DAY_SECONDS, None),
+    "max_backoff_seconds": (0.0, DAY_SECONDS, None),
+    "hang_floor_seconds": (0.1, DAY_SECONDS, None),
+    "hang_ceiling_seconds": (0.1, 7 * DAY_SECONDS, None),
     "start_timeout": (1.0, DAY_SECONDS, None),
 }
 

@@ -270,6 +270,18 @@ def environment_seconds(name: str,
     return value or None
 
 
+def heartbeat_file(environ: Mapping[str, str] = None) -> Optional[str]:
+    """Where this worker writes its heartbeat: the launcher's folder
+    (`contract.HEARTBEAT_DIR_ENV`) and this worker's index
+    (`TFSCALE_WORKER_INDEX`); None when no launcher asked for one."""
+    environ = os.environ if environ is None else environ
+    folder = environ.get(contract.HEARTBEAT_DIR_ENV, "").strip()
+    index = environ.get("TFSCALE_WORKER_INDEX", "").strip()
+    if not folder or not index.isdigit():
+        return None
+    return contract.heartbeat_path(folder, int(index))
+
+
 def environment_choice(name: str, choices: Sequence[str], default: str,
                        environ: Mapping[str, str] = None) -> str:
     """The value of the environment variable `name`, one of `choices`

@@ -7,12 +7,15 @@ chief, worker count and index back.
 """
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 from typing import Optional
 
-from tfscale.cluster import all_reduce_impl, gpu_binding, mpi, placement
+from tfscale.cluster import (all_reduce_impl, gpu_binding, mpi, placement,
+                             watchdog)
+from tfscale.cluster.contract import STARTUP_TIMEOUT_EXIT_CODE
 from tfscale.cluster.devices import visible_gpus
 from tfscale.cluster.environment import ClusterConfig, ClusterError, ClusterInfo
 
@@ -150,9 +153,11 @@ class StartupWatchdog:
 
     TensorFlow waits forever for a peer that never comes up, holding the GIL
     (so no Python thread or signal handler of ours can act) and ignoring
-    SIGTERM. A small watchdog process (`watchdog.py`) waits on a pipe; if the
-    `with` block has not ended within `timeout` seconds, it prints which peers
-    do not accept connections and SIGKILLs this process.
+    SIGTERM. A small watchdog process (`watchdog.py`) waits on a pipe,
+    saying every so often which peers do not answer; if the `with` block
+    has not ended within `timeout` seconds, it names them and ends this
+    process with `STARTUP_TIMEOUT_EXIT_CODE` (a signal whose handler is the
+    C library's `_exit`; SIGKILL where that cannot be set).
     """
 
     def __init__(self, info: ClusterInfo, timeout: float,
@@ -161,13 +166,17 @@ class StartupWatchdog:
         self._timeout = timeout
         self._who = who
         self._process = None
+        self._signal = None
 
     def __enter__(self):
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                               "watchdog.py")
+        code = STARTUP_TIMEOUT_EXIT_CODE
+        self._signal = (code if watchdog.exit_on_signal(code)
+                        else int(signal.SIGKILL))
         self._process = subprocess.Popen(
             [sys.executable, script, str(os.getpid()), str(self._timeout),
-             f"{self._who} {self._info.worker_index}",
+             str(self._signal), f"{self._who} {self._info.worker_index}",
              *self._info.peer_addresses],
             stdin=subprocess.PIPE)
         return self
@@ -175,6 +184,8 @@ class StartupWatchdog:
     def __exit__(self, *exc):
         self._process.stdin.close()
         self._process.wait()
+        if self._signal != signal.SIGKILL:
+            signal.signal(self._signal, signal.SIG_DFL)
 
 
 def chief_and_worker_count(strategy) -> tuple:

@@ -163,10 +163,38 @@ def atomic_backup(callback) -> None:
     def settled_load_model():
         _settle_backup(callback)
         load_model()
+        callback._tfscale_resume_batches = _batches_done(callback)
 
     callback._save_model = lambda: _save_backup(callback)
     callback._load_model = settled_load_model
     callback._tfscale_atomic = True
+
+
+@shim
+def backup_at(callback, epoch: int, batches_done: int) -> None:
+    """A `BackupAndRestore` made atomic (`atomic_backup`) writes its backup
+    as of `batches_done` batches into `epoch` (0-based): what a preemption
+    in the middle of an epoch saves (`fit_preemption.py`)."""
+    _require_backup_attributes(callback, ("_current_epoch",
+                                          "_last_batch_seen"))
+    callback._current_epoch = epoch
+    callback._last_batch_seen = max(batches_done - 1, 0)
+    callback._tfscale_batches_done = batches_done
+    try:
+        callback._save_model()
+    finally:
+        callback._tfscale_batches_done = 0
+
+
+@shim
+def _batches_done(callback) -> int:
+    """The batches of its epoch a backup just restored had trained on (0:
+    a backup of an epoch's end, Keras's)."""
+    try:
+        with open(callback._training_metadata_path) as f:
+            return int(json.load(f).get("tfscale_batches_done", 0))
+    except (OSError, ValueError, TypeError):
+        return 0
 
 
 @shim
@@ -218,6 +246,10 @@ def _save_backup(callback) -> None:
     metadata = {"epoch": callback._current_epoch,
                 "batch": callback._last_batch_seen,
                 "tfscale_weights": os.path.basename(weights)}
+    if getattr(callback, "_tfscale_batches_done", 0):
+        # A backup in the middle of `epoch` (a preemption's): the batches
+        # of it the weights have trained on (`fit_preemption.py`).
+        metadata["tfscale_batches_done"] = callback._tfscale_batches_done
 
     def write_metadata(path):
         with open(path, "w") as f:

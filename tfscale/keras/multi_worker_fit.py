@@ -12,6 +12,10 @@ it were alone. After `tfscale.enable_multi_worker_fit()`, a `fit` under MWMS:
   * stops all workers when a callback sets `model.stop_training` on any
     worker (one tiny all-reduce after each batch and epoch; a worker that
     stopped alone would leave the others waiting in a collective);
+  * is preemptible (`fit_preemption.py`, on one worker too): SIGTERM,
+    SIGUSR1 or Ctrl-C -> every worker at the same batch -> the
+    BackupAndRestore backup written there -> exit 143 (130), "nothing
+    saved" and exit 3 without one; the rerun resumes mid-epoch;
   * clips (`clipnorm`, `global_clipnorm`, `clipvalue`) after the all-reduce
     (with several replicas on one worker too),
     and decides a `LossScaleOptimizer`'s finite check on the reduced
@@ -30,7 +34,8 @@ it were alone. After `tfscale.enable_multi_worker_fit()`, a `fit` under MWMS:
 What it cannot make correct fails before training with one line that points
 to `tfscale.Trainer`: Keras's `gradient_accumulation_steps` (its
 accumulate-or-apply `cond` holds the all-reduce). With one replica, `fit` is
-left as Keras has it but for the atomic backups.
+left as Keras has it but for the atomic backups, the placement line and
+preemption.
 """
 
 import inspect
@@ -41,10 +46,9 @@ import keras
 import tensorflow as tf
 
 from tfscale import _compat
-from tfscale.keras import callback_files
+from tfscale.keras import callback_files, fit_preemption
 from tfscale.cluster import fail_fast, placement
 from tfscale.cluster.strategies import chief_and_worker_count, worker_index
-from tfscale.cluster.collectives import StrategyCollectives
 
 
 def enable_multi_worker_fit() -> None:
@@ -62,12 +66,14 @@ def enable_multi_worker_fit() -> None:
 
 
 def _multi_worker_fit(fit, model, *args, **kwargs):
-    """Runs Keras's `fit` with the additions above when under MWMS."""
+    """Runs Keras's `fit` with the additions above (on one worker: the
+    atomic backups, the placement line, preemption)."""
     strategy = model.distribute_strategy
     arguments = inspect.signature(fit).bind(model, *args, **kwargs).arguments
     arguments.pop("self", None)
+    callbacks = list(arguments.get("callbacks") or [])
     # Any replica count: a backup killed mid-write never breaks a restart.
-    callback_files.make_backups_atomic(arguments.get("callbacks") or [])
+    callback_files.make_backups_atomic(callbacks)
     # Any strategy: a worker that sees a GPU trains on it, or stops here in
     # one line (a strategy built on a resolver without num_accelerators
     # would train on the CPU: `placement.py`).
@@ -78,33 +84,43 @@ def _multi_worker_fit(fit, model, *args, **kwargs):
             and not getattr(model, "_tfscale_placement_said", False)):
         print(f"tfscale: {where.describe()}", flush=True)
         model._tfscale_placement_said = True
-    if strategy.num_replicas_in_sync == 1:
-        return fit(model, *args, **kwargs)
-    # Several replicas, on one worker or many: the gradient math.
-    _check_supported(model)
-    reduce_before_apply(model.optimizer)
-    is_chief, num_workers = chief_and_worker_count(strategy)
-    if num_workers == 1:
-        return fit(model, *args, **kwargs)
-    # Several workers: failures, files, stopping, output. An uncaught error
-    # on this worker ends the job at once (fail_fast.py).
-    fail_fast.install(f"worker {worker_index(strategy)}")
-    callbacks = list(arguments.get("callbacks") or [])
+    is_chief, num_workers = True, 1
+    if strategy.num_replicas_in_sync > 1:
+        # Several replicas, on one worker or many: the gradient math.
+        _check_supported(model)
+        reduce_before_apply(model.optimizer)
+        is_chief, num_workers = chief_and_worker_count(strategy)
     worker_dir = None
-    if not is_chief:
-        worker_dir = tempfile.mkdtemp(prefix="tfscale-worker-")
-        callback_files.route_writes(callbacks, worker_dir)
-        _route_backup_after_restore(callbacks, worker_dir)
-        arguments["verbose"] = 0
-    callbacks.append(AgreeOnStop(strategy))
-    arguments["callbacks"] = callbacks
-    try:
-        return fit(model, **arguments)
-    finally:
+    if num_workers > 1:
+        # Several workers: failures, files, output. An uncaught error on
+        # this worker ends the job at once (fail_fast.py).
+        fail_fast.install(f"worker {worker_index(strategy)}")
+        if not is_chief:
+            worker_dir = tempfile.mkdtemp(prefix="tfscale-worker-")
+            callback_files.route_writes(callbacks, worker_dir)
+            _route_backup_after_restore(callbacks, worker_dir)
+            arguments["verbose"] = 0
+
+    def tidy():
         for callback in callbacks:
             callback.__dict__.pop("on_train_begin", None)
         if worker_dir:
             shutil.rmtree(worker_dir, ignore_errors=True)
+
+    def before_exit():  # a preemption leaves from inside the fit
+        callback_files.close_writers(callbacks)
+        tidy()
+
+    # Stopping together, preemption, a mid-epoch resume (fit_preemption.py).
+    agreement = fit_preemption.FitAgreement(
+        strategy if num_workers > 1 else None, callbacks, before_exit)
+    arguments["callbacks"] = [agreement.opener()] + callbacks + [agreement]
+    try:
+        with fit_preemption.signal_watch() as watch:
+            agreement.watch = watch
+            return fit(model, **arguments)
+    finally:
+        tidy()
 
 
 def _check_supported(model) -> None:
@@ -162,23 +178,3 @@ def reduce_before_apply(optimizer) -> None:
 
     optimizer.apply = apply_reduced
     optimizer._tfscale_reduces_first = True
-
-
-class AgreeOnStop(keras.callbacks.Callback):
-    """Makes `model.stop_training` the same on every worker: set on any one,
-    set on all. Goes last in the callback list (after whatever may set it).
-    """
-
-    def __init__(self, strategy):
-        super().__init__()
-        self._collectives = StrategyCollectives(strategy)
-
-    def _agree(self):
-        flag = float(bool(self.model.stop_training))
-        self.model.stop_training = self._collectives.agree(flag) > 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._agree()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._agree()

@@ -48,6 +48,9 @@ import tensorflow as tf
 from absl import logging
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from tfscale import durable
+from tfscale.errors import DiskFull
+
 
 class RestoreError(ValueError):
     """A checkpoint does not fit the objects it is restored into."""
@@ -406,16 +409,64 @@ class CheckpointKeeper:
         Order: input state (every worker) -> barrier -> main checkpoint
         (the chief's index is updated last).
         """
-        if self._input_manager is not None:
-            self._input_manager.save(checkpoint_number=step)
-        if self._barrier_fn is not None:
-            self._barrier_fn()
-        path = self._manager.save(checkpoint_number=step)
+        check_room(self._manager.directory, self._manager.latest_checkpoint,
+                   step)
+        try:
+            if self._input_manager is not None:
+                self._input_manager.save(checkpoint_number=step)
+            if self._barrier_fn is not None:
+                self._barrier_fn()
+            path = self._manager.save(checkpoint_number=step)
+        except (tf.errors.OpError, OSError) as e:
+            if not durable.is_disk_full(e):
+                raise
+            remove_unfinished_saves(self._manager.directory)
+            raise full_disk(self._manager.directory,
+                            self._manager.latest_checkpoint, step) from None
         return path if self._is_chief else None
+
+    def chief_path(self, step: int) -> str:
+        """The chief's checkpoint of `step` (what every worker's save of
+        `step` is part of)."""
+        return os.path.join(self.directory, f"ckpt-{step}")
 
     def close(self):
         if self._private_dir:
             shutil.rmtree(self._private_dir, ignore_errors=True)
+
+
+def checkpoint_bytes(prefix: Optional[str]) -> int:
+    """Bytes of the checkpoint `prefix` on disk (its index and data
+    files); 0 for None or a remote path that cannot be listed."""
+    if not prefix:
+        return 0
+    try:
+        return sum(os.path.getsize(p) for p in tf.io.gfile.glob(prefix + ".*")
+                   if os.path.isfile(p))
+    except (OSError, tf.errors.OpError):
+        return 0
+
+
+def check_room(directory: str, last: Optional[str], step: int) -> None:
+    """Before checkpoint `step` is written: raises `DiskFull` when the
+    folder's file system has less room than the last checkpoint took (a
+    statvfs and a listing; nothing for the first save or a remote path).
+    """
+    free = durable.free_bytes(directory)
+    if last and free is not None and free < checkpoint_bytes(last):
+        raise full_disk(directory, last, step)
+
+
+def full_disk(directory: str, last: Optional[str], step: int) -> DiskFull:
+    """The one line for a checkpoint that has no room: the folder, what
+    the last one took, what is free."""
+    took = (f"the last one ({os.path.basename(last)}) took "
+            f"{durable.size_text(checkpoint_bytes(last))}, " if last else "")
+    return DiskFull(
+        f"no room for checkpoint ckpt-{step} in {directory}: {took}"
+        f"{durable.size_text(durable.free_bytes(directory))} free; free "
+        "space there (the checkpoints before it are whole) or give another "
+        "checkpoint folder (--output_dir, TrainConfig.checkpoint_dir)")
 
 
 def _warn(line: str) -> None:

@@ -30,6 +30,7 @@ from typing import Optional
 import tensorflow as tf
 
 from tfscale import _compat
+from tfscale.errors import ConfigError
 from tfscale.keras import callbacks as _compat_callbacks
 from tfscale.resume import checkpoints as checkpointing
 from tfscale.step.feed import ReplicaFeed
@@ -191,9 +192,32 @@ class FitStart:
                 self._keeper.track_input(feed.iterator)
             if self._keeper.latest:
                 self._position.forget_input()  # unless the checkpoint has it
+            self._check_same_start(self._keeper)
             restored = self._keeper.restore_latest()
         self._position.settle()
         return restored
+
+    def _check_same_start(self, keeper) -> None:
+        """Every worker finds the same latest checkpoint, or one line
+        naming each worker's (a checkpoint folder the workers do not share:
+        the chief would resume, the others start over, and their first
+        collective wait for the collective timeout)."""
+        exchange = getattr(self._collectives, "exchange", None)
+        if exchange is None or self._collectives.num_workers == 1:
+            return
+        latest = keeper.latest
+        mine = (f"step {checkpointing.checkpoint_number(latest)} from "
+                f"{latest}" if latest else
+                f"step 0 from nothing in {keeper.directory}")
+        starts = exchange("resumed", mine, RESUME_MEET_SECONDS)
+        if len({where.split(" from ")[0] for where in starts.values()}) > 1:
+            raise ConfigError("checkpoint_dir", (
+                "the workers would resume at different steps: " + ", ".join(
+                    f"worker {i} at {where}"
+                    for i, where in sorted(starts.items())) +
+                "; every worker must see the chief's checkpoint folder (a "
+                "file system all hosts share: --output_dir, "
+                "TrainConfig.checkpoint_dir)"))
 
     def _start_where_callbacks_say(self, steps_per_epoch: int,
                                    initial_epoch: int) -> None:
@@ -262,6 +286,11 @@ class FitStart:
                 "checkpoints would not be where the input is")
 
 
+# How long a worker waits for the others' resumed steps (they restore at
+# once; a worker that has not come by then fails its next collective).
+RESUME_MEET_SECONDS = 120.0
+
+
 class Saver:
     """Saves the whole run at its current step, once per step.
 
@@ -323,7 +352,8 @@ class Saver:
             if self._sharded is not None:
                 self._sharded.release_slots()
         self._saved_step = step
-        if path:
-            self.path = path
-            if self.report is not None:
-                self.report(f"saved checkpoint {path}")
+        # Every worker names the chief's checkpoint of this step (the one
+        # a rerun resumes from), not its own private copy.
+        self.path = path or self._keeper.chief_path(step)
+        if path and self.report is not None:
+            self.report(f"saved checkpoint {path}")

@@ -27,7 +27,7 @@ from typing import Callable, Optional, Sequence
 import keras
 import tensorflow as tf
 
-from tfscale.cluster import devices
+from tfscale.cluster import devices, heartbeat
 from tfscale.keras import callback_files
 from tfscale.trainer import console
 from tfscale.trainer import evaluation
@@ -38,7 +38,8 @@ from tfscale.keras.callbacks import (continue_tensorboard_steps,
                                      tensorboard_records_at)
 from tfscale.cluster.contract import CHECKPOINT_COMPLETE
 from tfscale.resume import preemption
-from tfscale.resume.preemption import Preempted, SignalWatch
+from tfscale.cluster.signal_watch import SignalWatch
+from tfscale.resume.preemption import Preempted
 from tfscale.step.pace import CallPace
 from tfscale.trainer.reporting import IntervalReport
 from tfscale.trainer.timing import StepTimer
@@ -133,6 +134,12 @@ class Trainer:
         self._interval = IntervalReport(
             self.timer, optimizer=self.optimizer, loss_scale=self.loss_scale,
             noise_scale=self.noise_scale, adascale=self._adascale)
+        self._start_run_state(config)
+        if config.say_placement and config.verbose:
+            console.say(self.placement.describe())
+
+    def _start_run_state(self, config: TrainConfig) -> None:
+        """What this process has done so far: nothing."""
         self._adascale_end_logged = False
         self._verbose = config.verbose
         # A fit returned on this Trainer: the next counts its epochs from
@@ -144,8 +151,10 @@ class Trainer:
         # A launch of K steps (`steps_per_launch`) has run: its program,
         # compiled at its first call, is ready.
         self._launch_ran = config.steps_per_launch <= 1
-        if config.say_placement and config.verbose:
-            console.say(self.placement.describe())
+        # The phase this worker is in, for its launcher's hang watch
+        # (written only under a launcher that asks for it).
+        self._heartbeat = heartbeat.from_environment()
+        self._calls = 0  # calls of the step in this process
 
     @property
     def launch_ran(self) -> bool:
@@ -179,7 +188,8 @@ class Trainer:
 
     @property
     def checkpoint_path(self) -> Optional[str]:
-        """The latest checkpoint this Trainer wrote, or None."""
+        """The latest checkpoint this run wrote (the chief's, named alike
+        on every worker), or None."""
         return self._saver.path
 
     @classmethod
@@ -316,6 +326,7 @@ class Trainer:
         # step changes what is on disk: a signal ends the process at once.
         watch.exit_at_once(functools.partial(
             self._exit_at_once_line, phase="restoring, tracing, compiling"))
+        self._heartbeat.beat("restore")
         start = self._fit_start.start(dataset_fn, callback_list,
                                       steps_per_epoch=steps_per_epoch,
                                       initial_epoch=initial_epoch)
@@ -341,6 +352,7 @@ class Trainer:
             if validation_fn is not None:
                 val = self.evaluate(validation_fn, steps=validation_steps)
                 logs.update({f"val_{k}": v for k, v in val.items()})
+            self._heartbeat.beat("epoch_end", self.position.steps_taken)
             callback_list.on_epoch_end(epoch, logs)
             if self._agreed_stop():
                 break
@@ -401,6 +413,7 @@ class Trainer:
         rendezvous = getattr(self.collectives, "rendezvous", None)
         if rendezvous is not None:
             rendezvous("evaluate()", EVALUATE_MEET_SECONDS)
+        self._heartbeat.beat("evaluation", self.position.steps_taken)
         for metric in self.metrics:
             metric.reset_state()
         # A signal is taken between batches, agreed by all workers as in
@@ -504,7 +517,9 @@ class Trainer:
             self._leave_preempted(watch)
         if (self.config.save_checkpoints_steps
                 and step % self.config.save_checkpoints_steps == 0):
+            self._heartbeat.beat("checkpoint", step)
             self._saver.save()
+            self._heartbeat.beat("step", step)
         return stop or self._adascale_finished()
 
     def _leave_preempted(self, watch) -> None:
@@ -515,6 +530,7 @@ class Trainer:
         Ctrl-C). Never returns."""
         step = self.position.steps_taken
         if self._trained:
+            self._heartbeat.beat("checkpoint", step)
             self._saver.save()
         saved = self._saver.enabled
         path = self._saver.on_disk
@@ -578,8 +594,12 @@ class Trainer:
         signals = [float(bool(self.model.stop_training)),
                    float(watch.requested), self._pace.proposal()]
         started = time.perf_counter()
+        self._heartbeat.beat("compile" if not self._calls or first_launch
+                             else "call", first - 1)
         result = self._train_step.run(first, count, feed.iterator, signals,
                                       self.timer, part_by_part)
+        self._calls += 1
+        self._heartbeat.beat("step", first - 1 + result.steps)
         # The first call (and launch) has ended: from here a signal is
         # acted on at the next call's first step, with a save.
         watch.exit_at_once(None)
