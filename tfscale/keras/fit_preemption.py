@@ -97,16 +97,21 @@ class FitAgreement(keras.callbacks.Callback):
     def opener(self) -> keras.callbacks.Callback:
         """The callback that goes first: it says when the epoch's end and
         an evaluation begin (long host phases a heartbeat must name)."""
-        agreement = self
+        beat = self.beat
 
         class Opener(keras.callbacks.Callback):
             def on_epoch_end(self, epoch, logs=None):
-                agreement._heartbeat.beat("epoch_end", agreement._batches)
+                beat("epoch_end")
 
             def on_test_begin(self, logs=None):
-                agreement._heartbeat.beat("evaluation", agreement._batches)
+                beat("evaluation")
 
         return Opener()
+
+    def beat(self, phase: str) -> None:
+        """This worker's heartbeat: in `phase`, after the batches trained
+        in this fit."""
+        self._heartbeat.beat(phase, self._batches)
 
     def on_train_batch_begin(self, batch, logs=None):
         # (Keras gives no hook between a batch's call and the callbacks
