@@ -718,3 +718,23 @@ def test_a_stopped_worker_is_named_not_the_peer_that_noticed(tmp_path):
             "debugger: state T), so its peers lost it; worker 0 said: "
             "tfscale: worker 0 failed:") in output, output
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_signal_during_the_wait_before_a_restart_is_the_launchers_last_line(
+        tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launch.local", "--num_workers", "1",
+         "--max_restarts", "3", "--restart_backoff_seconds", "60", "--",
+         sys.executable, "-c", "raise SystemExit(9)", str(tmp_path)],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = ""
+    while "restart 1/3" not in line:
+        line = proc.stdout.readline()
+        assert line, "launcher ended early"
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=30)  # not the 60 s wait
+    assert proc.returncode == 143, output
+    assert output.rstrip().splitlines()[-1] == (
+        "[launcher] exit 143: SIGTERM before the restart: no worker was "
+        "running; the latest checkpoint stands")
