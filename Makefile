@@ -84,13 +84,13 @@ QUICK_TESTS = tests/test_benchmark_models.py tests/test_benchmarks.py \
 	tests/test_bert.py tests/test_deterministic_step.py \
 	tests/test_bert_pretraining.py tests/test_cluster.py tests/test_compat.py \
 	tests/test_entry_points.py \
-	tests/test_docs.py tests/test_elementwise.py tests/test_fit_arguments.py \
+	tests/test_docs.py tests/test_elastic.py tests/test_elementwise.py tests/test_fit_arguments.py \
 	tests/test_google_checkpoints.py tests/test_gpu_binding.py tests/test_gpu_check.py \
 	tests/test_gpus.py tests/test_horovod.py \
 	tests/test_input_pipeline.py tests/test_jobs.py tests/test_launch.py \
 	tests/test_layout.py tests/test_levers.py tests/test_mpi.py tests/test_nvidia_flags.py \
 	tests/test_optim.py tests/test_placement.py tests/test_planning.py tests/test_record_order.py tests/test_scaling.py \
-	tests/test_step_row.py tests/test_tfds_source.py tests/test_trainer.py tests/test_xla_flags.py \
+	tests/test_step_row.py tests/test_stragglers.py tests/test_tfds_source.py tests/test_trainer.py tests/test_xla_flags.py \
 	tests/test_xplane_top.py tests/test_zero.py
 
 test-quick: install-test

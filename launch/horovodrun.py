@@ -23,7 +23,7 @@ import subprocess
 import sys
 from typing import List, Sequence, Tuple
 
-from launch import local, mpi_ranks, workers
+from launch import elastic, local, mpi_ranks, workers
 from tfscale.cluster.contract import seconds_problem
 
 # horovodrun options tfscale-run refuses, with what to use instead.
@@ -31,12 +31,8 @@ _REFUSED = {
     "--gloo": "tfscale-run runs MPI only (Open MPI from PyPI: pip install "
               "'.[mpi]' in tfscale's checkout)",
     "--jsrun": "start the ranks with jsrun or srun --mpi=pmix directly",
-    "--min-np": "no elastic mode: --max-restarts N restarts all ranks from "
-                "the last checkpoint",
-    "--max-np": "no elastic mode: --max-restarts N restarts all ranks from "
-                "the last checkpoint",
-    "--host-discovery-script": "no elastic mode: --max-restarts N restarts "
-                               "all ranks from the last checkpoint",
+    "--blacklist-cooldown-range": "a host that failed --host-failures times "
+                                  "is left out for the rest of the run",
     "--timeline-filename": "no Horovod timeline: profile with TensorBoard "
                            "(tf.profiler.experimental)",
     "--autotune": "no Horovod autotuning: gradients are fused into one "
@@ -234,6 +230,7 @@ def _parser() -> argparse.ArgumentParser:
                              "CUDA_VISIBLE_DEVICES). Default: not set, as "
                              "horovodrun (Horovod scripts pick "
                              "gpus[hvd.local_rank()] themselves)")
+    _add_elastic_options(parser)
     parser.add_argument("--check-build", dest="check_build",
                         action="store_true",
                         help="show what is available and exit")
@@ -250,6 +247,56 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_elastic_options(parser) -> None:
+    """Horovod's elastic flags (launch/elastic.py)."""
+    group = parser.add_argument_group(
+        "elastic", "ranks on the hosts a script finds, changing while the "
+        "job runs, through its checkpoints (docs/launching.md, 'At scale')")
+    group.add_argument("--host-discovery-script",
+                       dest="host_discovery_script", default=None,
+                       help="prints the usable hosts, 'host:slots' or "
+                            "'host' a line; run at start and every "
+                            "--discovery-interval seconds")
+    group.add_argument("--min-np", dest="min_np", type=int, default=None,
+                       help="fewest ranks to train on (default: -np)")
+    group.add_argument("--max-np", dest="max_np", type=int, default=None,
+                       help="most ranks to train on (default: -np)")
+    group.add_argument("--slots", "--slots-per-host", dest="slots",
+                       type=int, default=1,
+                       help="slots of a host the script prints without "
+                            "':N' (default 1)")
+    group.add_argument("--elastic-timeout", dest="elastic_timeout",
+                       type=float, default=600.0,
+                       help="seconds to wait for --min-np slots before the "
+                            "job ends (default 600)")
+    group.add_argument("--discovery-interval", dest="discovery_interval",
+                       type=float, default=5.0,
+                       help="seconds between runs of the script while "
+                            "training (default 5)")
+    group.add_argument("--host-failures", dest="host_failures", type=int,
+                       default=2,
+                       help="a host whose ranks failed this many times is "
+                            "left out for the rest of the run (default 2)")
+    group.add_argument("--reset-limit", dest="reset_limit", type=int,
+                       default=None,
+                       help="Horovod's name for --max-restarts here: "
+                            "restarts after failures (a change of hosts "
+                            "is not counted)")
+
+
+def elastic_config(args):
+    """The `elastic.ElasticConfig` of parsed `args`, or None without
+    --host-discovery-script."""
+    if not args.host_discovery_script:
+        return None
+    return elastic.ElasticConfig(
+        min_np=args.min_np or args.num_proc, max_np=args.max_np or
+        args.num_proc, discovery_script=args.host_discovery_script,
+        slots_per_host=args.slots, poll_seconds=args.discovery_interval,
+        timeout_seconds=args.elastic_timeout,
+        host_failures=args.host_failures)
+
+
 def parse_args(argv: Sequence[str]):
     parser = _parser()
     args = parser.parse_args(list(argv))
@@ -258,8 +305,21 @@ def parse_args(argv: Sequence[str]):
             parser.error(f"{flag} is not offered: {instead}")
     if args.check_build:
         return args
+    if args.reset_limit is not None:
+        args.max_restarts = args.reset_limit
+    if args.num_proc is None and args.host_discovery_script:
+        args.num_proc = args.min_np or args.max_np
     if args.num_proc is None:
         parser.error("the following arguments are required: -np/--num-proc")
+    if args.host_discovery_script and (args.hosts or args.hostfile):
+        parser.error("--host-discovery-script finds the hosts: no -H or "
+                     "--hostfile with it")
+    if (args.min_np or args.max_np) and not args.host_discovery_script:
+        parser.error("--min-np and --max-np need --host-discovery-script")
+    try:
+        elastic_config(args)
+    except ValueError as e:
+        parser.error(str(e))
     if args.command[:1] == ["--"]:
         args.command = args.command[1:]
     if not args.command:
@@ -326,6 +386,8 @@ def main(argv=None) -> int:
     if args.check_build:
         print(check_build())
         return 0
+    if args.host_discovery_script:
+        return _run_elastic(args)
     try:
         hosts = resolve_hosts(args)
         mpirun = mpi_ranks.find_mpirun(args.mpirun)
@@ -356,6 +418,33 @@ def main(argv=None) -> int:
                          gpus_per_worker=args.gpus_per_worker,
                          bind_gpus=False)
     except ValueError as e:
+        print(f"tfscale-run: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run_elastic(args) -> int:
+    """Each attempt one mpirun over the hosts the script finds then
+    (`launch/elastic.py`)."""
+    config = elastic_config(args)
+    try:
+        mpirun = mpi_ranks.find_mpirun(args.mpirun)
+        major = open_mpi_major(mpirun)
+    except ValueError as e:
+        print(f"tfscale-run: error: {e}", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    env.setdefault("HOROVOD_START_TIMEOUT", str(args.start_timeout or 30))
+    names = forwarded(mpi_ranks.mpi_env(env, None))
+    membership = elastic.Membership(config)
+    plan = elastic.Elastic(
+        membership, lambda hosts: mpirun_args(args, hosts, names, major))
+    try:
+        return local.run(args.command, config.max_np, backend="mpi",
+                         mpirun=mpirun, base_env=env,
+                         max_restarts=args.max_restarts,
+                         gpus_per_worker=args.gpus_per_worker,
+                         bind_gpus=False, elastic=plan)
+    except ValueError as e:  # DiscoveryError too
         print(f"tfscale-run: error: {e}", file=sys.stderr)
         return 2
 

@@ -154,7 +154,7 @@ class LaunchConfig:
 
 def run(command: Sequence[str], num_workers: int, *,
         base_env: Optional[Mapping[str, str]] = None, out=None,
-        **settings) -> int:
+        elastic=None, **settings) -> int:
     """Runs `command` as `num_workers` workers until all succeed.
 
     `backend="mwms"` starts the processes with a TF_CONFIG each; "mpi" starts
@@ -182,6 +182,12 @@ def run(command: Sequence[str], num_workers: int, *,
     launcher is passed on to the workers (they save a checkpoint and exit
     within `grace_seconds`), SIGINT too; a worker still running when the
     grace runs out is SIGKILLed, and the launcher says so.
+
+    `elastic` (an `elastic.Elastic`, "mpi" only: tfscale-run's --min-np,
+    --max-np, --host-discovery-script) makes each attempt one mpirun over
+    the hosts its discovery finds then; a change of hosts while training
+    stops the ranks at a checkpoint and starts them on the new set
+    (`launch/elastic.py`).
 
     Returns:
         0 if every worker exited 0; else the shell status of the first
@@ -219,13 +225,14 @@ def run(command: Sequence[str], num_workers: int, *,
                 config.hang_factor))
         start = _starter(
             config, command, base_env, out, _worker_ports(config, held),
-            lambda n, host: held.enter_context(ports.lease(n, host)).ports)
+            lambda n, host: held.enter_context(ports.lease(n, host)).ports,
+            elastic)
         if config.data_service_workers:
             service = _start_service(
                 config.data_service_workers, config.data_service_dir,
                 held.enter_context(ports.lease(1, config.host)).ports[0],
                 base_env, out)
-        return _supervise(config, start, interrupted, out, watch)
+        return _supervise(config, start, interrupted, out, watch, elastic)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -248,7 +255,7 @@ def _worker_ports(config: LaunchConfig, held: contextlib.ExitStack
 
 
 def _starter(config: LaunchConfig, command, base_env, out, worker_ports,
-             lease):
+             lease, elastic=None):
     """`start()` -> a running group of the workers: the processes with a
     TF_CONFIG each ("mwms"), or the ranks of one mpirun ("mpi"); GPUs bound
     per worker (`launch/gpus.py`)."""
@@ -271,13 +278,21 @@ def _starter(config: LaunchConfig, command, base_env, out, worker_ports,
                 "--gpus_per_worker", str(config.gpus_per_worker)]
             command = [sys.executable, "-m", "launch.gpus", *k, "--",
                        *command]
-        mpi_command = mpi_ranks.mpirun_command(
-            command, config.num_workers, mpi_ranks.find_mpirun(config.mpirun),
-            as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
-            extra_args=config.mpirun_args)
-        return lambda: mpi_ranks.MpiGroup(
-            mpi_command,
-            mpi_ranks.mpi_env(base_env, config.threads_per_worker), out)
+        mpirun = mpi_ranks.find_mpirun(config.mpirun)
+
+        def start_ranks():
+            # Elastic: as many ranks as the hosts found for this attempt.
+            hosts = elastic.membership.hosts if elastic else None
+            mpi_command = mpi_ranks.mpirun_command(
+                command, elastic.membership.num_workers if elastic else
+                config.num_workers, mpirun,
+                as_root=hasattr(os, "geteuid") and os.geteuid() == 0,
+                extra_args=(elastic.mpirun_args(hosts) if elastic else
+                            config.mpirun_args))
+            return mpi_ranks.MpiGroup(
+                mpi_command,
+                mpi_ranks.mpi_env(base_env, config.threads_per_worker), out)
+        return start_ranks
     gpu_sets = (gpus.worker_gpus(host_gpus, config.num_workers,
                                  config.gpus_per_worker) if bind else None)
     if gpu_sets is not None and any(gpu_sets):
@@ -323,50 +338,115 @@ def usable_ports(config: LaunchConfig, worker_ports: List[int], out,
 
 
 def _supervise(config: LaunchConfig, start, interrupted, out,
-               watch=None) -> int:
+               watch=None, elastic=None) -> int:
     """Attempts until every worker exits 0, a signal reaches the launcher
     or the restarts run out; the exit code `run` returns, said in the
     launcher's last line (`_close`). `watch`: the workers' heartbeats
-    (`hangs.HangWatch`), or None."""
-    for attempt in range(config.max_restarts + 1):
+    (`hangs.HangWatch`), or None; `elastic`: an `elastic.Elastic`, or
+    None. A move to another host set (elastic) is not a restart."""
+    restarts, code = 0, 1
+    while True:
+        if elastic is not None and not _elastic_hosts(elastic, interrupted,
+                                                      out):
+            return _close(out, code, elastic.membership.too_few())
         if watch is not None:
             watch.reset()
         try:
             group = start()
         except ValueError as e:  # a port of --port's taken: not restarted
             return _close(out, CONFIG_ERROR_EXIT_CODE, str(e))
-        failure = _wait_for_outcome(group, interrupted, watch)
+        failure = _wait_for_outcome(group, interrupted, watch, elastic)
         if interrupted:
             return _pass_on(config, group, interrupted, out)
         if failure is None:
             group.stop(config.grace_seconds)
             return _close(out, 0, "every worker finished")
+        if isinstance(failure, str):  # the hosts changed
+            ended = _move(config, group, failure, out)
+            if ended is not None:
+                return _close(out, *ended)
+            continue
         code, verdict, again = _attempt_outcome(config, group, failure, out)
-        if not again or attempt == config.max_restarts:
+        if elastic is not None and again:
+            note = elastic.membership.failed(
+            failure[0], getattr(group, "lost_peer", {}))
+            if note:
+                _say(out, f"elastic: {note}")
+        if not again or restarts == config.max_restarts:
             if again and config.max_restarts:
                 verdict += (f", in the last of {config.max_restarts + 1} "
                             "attempts")
             return _close(out, children.shell_code(code), verdict)
-        wait = backoff_seconds(config, attempt)
-        who = "an MPI rank" if failure[0] is None else f"worker {failure[0]}"
-        cause = (f"{who} hung" if code == HUNG_EXIT_CODE else
-                 f"{who} {children.describe_exit(code)}")
-        many = "s" if config.num_workers > 1 else ""
-        _say(out, f"restart {attempt + 1}/{config.max_restarts}: starting "
-                  f"{config.num_workers} worker{many} again in {wait:g} s "
-                  f"(cause: {cause})")
-        if not _wait_unless(wait, interrupted):
+        if not _restart_wait(config, restarts, failure, code, interrupted,
+                             out, elastic):
             return _close(out, 128 + int(interrupted[0]),
                           f"{signal.Signals(interrupted[0]).name} before "
                           "the restart: no worker was running; the latest "
                           "checkpoint stands")
-    raise AssertionError("unreachable")
+        restarts += 1
 
 
-def _wait_for_outcome(group, interrupted: list, watch):
+def _restart_wait(config: LaunchConfig, restarts: int, failure, code: int,
+                  interrupted: list, out, elastic) -> bool:
+    """Says the restart and waits its backoff; False when a signal came."""
+    wait = backoff_seconds(config, restarts)
+    who = "an MPI rank" if failure[0] is None else f"worker {failure[0]}"
+    cause = (f"{who} hung" if code == HUNG_EXIT_CODE else
+             f"{who} {children.describe_exit(code)}")
+    many = "s" if config.num_workers > 1 else ""
+    workers_again = ("the workers the hosts hold" if elastic is not None else
+                     f"{config.num_workers} worker{many}")
+    _say(out, f"restart {restarts + 1}/{config.max_restarts}: starting "
+              f"{workers_again} again in {wait:g} s (cause: {cause})")
+    return _wait_unless(wait, interrupted)
+
+
+def _elastic_hosts(elastic, interrupted: list, out) -> bool:
+    """The next attempt's hosts found (said in one line), or False after
+    the elastic timeout."""
+    membership = elastic.membership
+    before = list(membership.hosts)
+    hosts = membership.next_hosts(interrupted)
+    if hosts is None:
+        return False
+    if hosts != before:
+        from launch.elastic import words
+        many = "s" if membership.num_workers > 1 else ""
+        changed = membership.changes(before)
+        _say(out, f"elastic: {membership.num_workers} worker{many} on "
+                  f"{words(hosts)}" + (f" ({changed})" if changed else "") +
+                  ": from the last whole checkpoint, at the job's global "
+                  "batch (its banner says the split)")
+    return True
+
+
+def _move(config: LaunchConfig, group, reason: str, out):
+    """The hosts changed while training: every worker saves the agreed
+    step and leaves, then the caller starts the new set. None to go on,
+    or (code, verdict) when the job cannot."""
+    _say(out, f"elastic: {reason}: every worker saves at its next step "
+              "and leaves, then the job restarts on the hosts found")
+    killed = group.stop(config.grace_seconds, sig=signal.SIGTERM)
+    saved = workers.reported_checkpoint(group)
+    codes = ([p.returncode for p in group.procs] if hasattr(group, "procs")
+             else [group.proc.returncode])
+    if PREEMPTED_UNSAVED_EXIT_CODE in codes:
+        return PREEMPTED_UNSAVED_EXIT_CODE, (
+            "nothing saved: an elastic job needs a checkpoint folder (the "
+            "jobs' --output_dir, the Trainer's checkpoint_dir) to move "
+            "between host sets")
+    _say(out, f"elastic: {os.path.basename(saved)} complete on disk "
+              f"({saved}): the restart resumes there" if saved else
+              "elastic: no worker reported a checkpoint" +
+              (" (killed after the grace)" if killed else "") +
+              ": the restart resumes from the latest whole one")
+    return None
+
+
+def _wait_for_outcome(group, interrupted: list, watch, elastic=None):
     """Polls the attempt until a worker fails (index, code), one hangs
-    (index, HUNG_EXIT_CODE; why in `group.hung`), every worker is done or
-    a signal came (None)."""
+    (index, HUNG_EXIT_CODE; why in `group.hung`), the hosts change (why,
+    a string: elastic), every worker is done or a signal came (None)."""
     while not interrupted:
         failure = group.first_failure()
         if failure or group.all_done():
@@ -375,6 +455,9 @@ def _wait_for_outcome(group, interrupted: list, watch):
         if hung is not None:
             group.hung[hung[0]] = hung[1]
             return hung[0], HUNG_EXIT_CODE
+        change = elastic.membership.change() if elastic else None
+        if change:
+            return change
         time.sleep(workers.POLL_SECONDS)
     return None
 
@@ -447,6 +530,10 @@ def _attempt_outcome(config: LaunchConfig, group, failure, out):
     group.mute()
     group.stop(config.failure_grace_seconds, sig=signal.SIGTERM)
     _say_held_back(out, group)
+    link = getattr(group, "link", None)
+    if link is not None and link[0] == index:
+        return code, (f"the network between worker {link[0]} and worker "
+                      f"{link[1]} failed ({link[2]})"), True
     return code, f"{who} failed ({children.describe_exit(code)})", True
 
 

@@ -67,6 +67,7 @@ class ProcessGroup:
         self.checkpoints = []  # preemption checkpoints said complete
         self.held_back = []  # (worker, line) printed after `mute`
         self.hung = {}  # worker index -> why it is held to have hung
+        self.link = None  # (worker, peer, why) when the network is the cause
         self._muted = False
         self._exit_order = []  # worker indexes as their processes ended
         self.procs = []
@@ -142,10 +143,21 @@ class ProcessGroup:
         try:
             peer_code = self.procs[peer].wait(timeout=PEER_SECONDS)
         except subprocess.TimeoutExpired:
-            return self._stopped_peer(index, line) or (index, code)
+            stopped = self._stopped_peer(index, line)
+            if stopped is None:
+                self.link = (index, peer, f"worker {peer} was still running "
+                             f"when worker {index} lost it")
+            return stopped or (index, code)
         if peer_code == 0:
             return index, code
         self._threads[peer].join(timeout=2)
+        _, theirs = self.last_lines.get(peer, (False, ""))
+        named = LOST_PEER.search(theirs)
+        if named and int(named.group(1)) == index:
+            # Each lost the other: neither died first.
+            self.link = (index, peer, f"worker {index} and worker {peer} "
+                         "each lost the other")
+            return index, code
         return peer, peer_code
 
     def _stopped_peer(self, index: int, line: str):
@@ -268,6 +280,9 @@ def last_words(group, index: Optional[int], code: int) -> str:
     "" (a worker killed by a signal said nothing about it)."""
     if index is None or code <= 0:
         return ""
+    link = getattr(group, "link", None)
+    if link is not None and link[0] == index:
+        return f": {link_words(link)}"
     lost = getattr(group, "lost_peer", {})
     if index in lost:
         if lost[index]:
@@ -277,3 +292,13 @@ def last_words(group, index: Optional[int], code: int) -> str:
                 "killed first; mpirun names the first rank to abort)")
     _, line = group.last_lines.get(index, (False, ""))
     return f": {line}" if line else ""
+
+
+def link_words(link) -> str:
+    """What a lost connection says: (worker, peer, what was seen) from
+    `ProcessGroup.link`."""
+    worker, peer, seen = link
+    return (f"{seen}: the network between worker {worker} and worker "
+            f"{peer} failed, not a worker (a partition, packet loss, a "
+            "firewall, or a host too loaded to answer TensorFlow's "
+            "heartbeats within --heartbeat_timeout)")

@@ -205,7 +205,8 @@ def test_remote_ranks_get_the_environment_but_not_the_launchers_session():
 
 def test_horovodrun_options_not_offered_fail_naming_the_alternative(capsys):
     for argv, hint in [(["--gloo"], "runs MPI only"),
-                       (["--min-np", "2"], "--max-restarts"),
+                       (["--blacklist-cooldown-range", "1", "2"],
+                        "--host-failures"),
                        (["--timeline-filename", "t.json"], "TensorBoard"),
                        (["--fusion-threshold-mb", "64"], "one all-reduce")]:
         with pytest.raises(SystemExit) as exit_info:

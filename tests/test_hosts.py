@@ -7,6 +7,10 @@ which Open MPI, ssh and gRPC see as separate nodes.
     command line, its global batch) gets SIGTERM through the launcher,
     every rank on every host saves the agreed checkpoint and the job exits
     143; the rerun resumes there; a rank killed with -9 on node2 is named.
+  - Elastic (tfscale-run --min-np 2 --max-np 3 --host-discovery-script):
+    node3's rank killed and its sshd stopped mid-run, the job goes on on
+    2 workers; node3 back, the job moves to 3 at the next step; the
+    end equals an uninterrupted 3-worker run at the same global batch.
   - MultiWorkerMirroredStrategy from a TF_CONFIG naming node1 and node2 (as
     Kubernetes gives it): SIGTERM to the worker on node2 makes both save at
     one step and exit 143; restarted, they resume and finish.
@@ -37,10 +41,10 @@ def hosts():
     if not os.path.exists(TOOL) or os.geteuid() != 0:
         pytest.skip("needs root (tests/hosts/local_hosts.sh)")
     code, output = run_command(
-        ["bash", "-c", f"source {TOOL} && local_hosts 2"], timeout=300)
+        ["bash", "-c", f"source {TOOL} && local_hosts 3"], timeout=300)
     if code != 0:
-        pytest.skip(f"local_hosts could not make node1/node2: {output[-500:]}")
-    return ["node1", "node2"]
+        pytest.skip(f"local_hosts could not make node1-3: {output[-500:]}")
+    return ["node1", "node2"]  # (and node3: the elastic test's)
 
 
 def start(command, env=None, log=None):
@@ -225,3 +229,85 @@ def test_the_link_probe_recovers_a_shaped_links_latency_and_bandwidth(
     else:  # no delay to find: the transport's own, below the 25% band
         # around the 8 ms a shaped link shows (6-10 ms)
         assert 0 <= latency < 6e-3, latency
+
+
+def sshd(host, up):
+    """Starts (local_hosts is idempotent) or stops `host`'s sshd."""
+    command = (f"source {TOOL} && local_hosts 3" if up else
+               f"kill $(cat /run/sshd-{host}.pid)")
+    code, output = run_command(["bash", "-c", command], timeout=120)
+    assert code == 0, output
+
+
+def test_an_elastic_run_loses_a_host_and_takes_it_back_and_ends_as_one_run(
+        hosts, corpus, tmp_path):  # noqa: F811
+    from tests.test_global_order import assert_same_run, state
+    config = json.loads((corpus / "bert_config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (corpus / "no_dropout.json").write_text(json.dumps(config))
+    steps = 300
+
+    def job(out):
+        # 24 records a step in micro-batches of 4: 2 accumulation steps on
+        # 3 ranks, 3 on 2, the same micro-batches either way.
+        return [sys.executable, "run_pretraining.py", *pretrain_args(
+            corpus, out, steps, f"--bert_config_file={corpus}/no_dropout.json",
+            "--train_batch_size=24", "--micro_batch_size=4", "--backend=mpi",
+            "--deterministic", "--seed=11", "--save_checkpoints_steps=10")]
+
+    reference = tmp_path / "reference"
+    code, output = run_command(tfscale_run(
+        "node1:1,node2:1,node3:1", 3, *job(reference)), timeout=600)
+    assert code == 0, output[-5000:]
+    assert "global batch 24 = 4 per replica x 3 x 2 accumulation" in output
+
+    listing = tmp_path / "hosts.txt"
+    listing.write_text("node1\nnode2\nnode3\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {listing}\n")
+    discover.chmod(0o755)
+    out = tmp_path / "elastic"
+    log = tmp_path / "elastic.log"
+    command = [sys.executable, "-m", "launch.horovodrun", "--min-np", "2",
+               "--max-np", "3", "--host-discovery-script", str(discover),
+               "--discovery-interval", "1", "--max-restarts", "2",
+               *job(out)]
+    with open(log, "w") as f:
+        proc = start(command, log=f)
+        try:
+            wait_for(log, r"tfscale: step 15:")
+            (victim,) = pids_on("node3", "run_pretraining.py")
+            os.kill(victim, signal.SIGKILL)  # node3 lost: its rank, sshd
+            listing.write_text("node1\nnode2\n")
+            sshd("node3", up=False)
+            wait_for(log, r"elastic: 2 workers on node1:1,node2:1 ")
+            wait_for(log, r"global batch 24 = 4 per replica x 2 x 3 "
+                          r"accumulation")
+            resumed = wait_for(log, r"resumed from \S+ckpt-(\d+) at step")
+            # Trained on 2 workers (a line after the resume's).
+            wait_for(log, re.escape(resumed.group(0)) + r"[\s\S]*"
+                     rf"tfscale: step {int(resumed.group(1)) + 5}:")
+            sshd("node3", up=True)  # back
+            listing.write_text("node1\nnode2\nnode3\n")
+            wait_for(log, r"elastic: 3 workers on node1:1,node2:1,node3:1 ")
+            proc.wait(timeout=600)
+        finally:
+            proc.kill()
+            sshd("node3", up=True)
+    text = log.read_text()
+    assert proc.returncode == 0, text[-6000:]
+    # Whichever the launcher saw first, the rank's death (then its host is
+    # charged when MPI names it) or the listing, node3 is named.
+    assert "[launcher] elastic: 2 workers on node1:1,node2:1 (node3 gone " \
+        "from the discovery output): from the last whole checkpoint" in text
+    assert "node1 has failed" not in text and "node2 has failed" not in text
+    assert "[launcher] elastic: 3 workers on node1:1,node2:1,node3:1 (node3 " \
+        "joined): from the last whole checkpoint" in text
+    assert re.search(r"\[launcher\] elastic: node3 joined the discovery "
+                     r"output: every worker saves at its next step", text)
+    moved = int(re.search(r"\[launcher\] elastic: ckpt-(\d+) complete on "
+                          r"disk", text).group(1))
+    assert re.search(rf"resumed from \S+ckpt-{moved} at step {moved}", text)
+    assert text.rstrip().endswith("[launcher] exit 0: every worker finished")
+    assert_same_run(state(reference, steps), state(out, steps),
+                    "3 -> 2 -> 3 workers")

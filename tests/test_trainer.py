@@ -146,6 +146,26 @@ def test_accumulation_matches_one_big_batch():
     assert int(accum.optimizer.iterations.numpy()) == 5
 
 
+def test_a_micro_batch_sets_the_accumulation_for_the_replica_count():
+    # Elastic: the same global batch and micro-batches on 1 or 2 replicas.
+    one = make_trainer(mirrored(["/cpu:0"]), TrainConfig(
+        global_batch_size=32, micro_batch_size=8, verbose=0))
+    two = make_trainer(mirrored(TWO_CPUS), TrainConfig(
+        global_batch_size=32, micro_batch_size=8, verbose=0))
+    assert (one.per_replica_batch_size, one.config.num_accumulation_steps) \
+        == (8, 4)
+    assert (two.per_replica_batch_size, two.config.num_accumulation_steps) \
+        == (8, 2)
+    from tfscale.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"global batch 32 is not 2 "
+                       r"replica\(s\) x micro-batch 12 x a whole number"):
+        make_trainer(mirrored(TWO_CPUS), TrainConfig(
+            global_batch_size=32, micro_batch_size=12, verbose=0))
+    with pytest.raises(ConfigError, match="excludes num_accumulation_steps"):
+        TrainConfig(global_batch_size=32, micro_batch_size=8,
+                    num_accumulation_steps=2)
+
+
 def test_xla_matches_no_xla():
     x, y = data()
     results = []

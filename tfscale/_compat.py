@@ -335,6 +335,41 @@ def coordination_service():
 
 
 @shim
+def configure_coordination(cluster: dict, heartbeat_timeout_seconds: float
+                           ) -> None:
+    """Starts TensorFlow's coordination service as MultiWorkerMirroredStrategy
+    would (leader: the chief, else worker 0; the chief and worker jobs
+    coordinated), with this heartbeat timeout: a task silent that long is
+    held to have failed, and every task's next collective fails naming it.
+    MultiWorkerMirroredStrategy configures the service only where none is
+    (collective_all_reduce_strategy.py, `_initialize_multi_worker`), with
+    TensorFlow's default timeout (10 s), which a loaded host can miss.
+    Call before building the strategy."""
+    import tensorflow as tf
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+    spec = tf.train.ClusterSpec(dict(cluster))
+    jobs = [coordination_config_pb2.CoordinatedJob(
+        name=job, num_tasks=spec.num_tasks(job))
+        for job in ("chief", "worker") if job in spec.jobs]
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(spec),
+        coordinated_jobs=jobs,
+        heartbeat_timeout_in_ms=int(heartbeat_timeout_seconds * 1000))
+
+
+@shim
+def heartbeat_timeout_ms() -> int:
+    """The coordination service's configured heartbeat timeout in ms (0:
+    TensorFlow's default), as the eager context holds it."""
+    from tensorflow.python.eager import context
+    return context.context().config.experimental.coordination_config \
+        .heartbeat_timeout_in_ms
+
+
+@shim
 def second_moments(optimizer, variables):
     """The second-moment slots (Adam's v) of an Adam-family optimizer, one
     per variable in `variables`' order; None if it keeps none.

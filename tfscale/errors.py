@@ -26,6 +26,7 @@ FLAG_OF_FIELD = {"global_batch_size": "train_batch_size",
                  "log_steps": "iterations_per_loop", "jit_compile": "xla",
                  "collective_timeout_seconds": "collective_timeout",
                  "connect_timeout_seconds": "connect_timeout",
+                 "heartbeat_timeout_seconds": "heartbeat_timeout",
                  "order": "input_order", "output_dtype": "image_dtype"}
 
 

@@ -19,6 +19,12 @@ class TrainConfig:
         global_batch_size: Examples per optimizer step, over all replicas and
             accumulation micro-batches.
         num_accumulation_steps: Micro-batches per optimizer step.
+        micro_batch_size: The batch one replica computes at once; when set,
+            the accumulation steps follow from the replica count
+            (global batch / (replicas x micro batch), `resolve_replicas`):
+            a job restarted on another worker count (an elastic launcher)
+            keeps its global batch and its micro-batches. None: the
+            per-replica batch follows from `num_accumulation_steps`.
         jit_compile: XLA-compile the forward/backward (with one replica per
             worker, the whole step: `step/train_step.py`). None: auto, on where the
             strategy's devices are all GPUs (`resolve_auto`).
@@ -78,6 +84,12 @@ class TrainConfig:
             when the first epoch reaches one (the programs they call are
             traced there); the others run `steps_per_execution` at a
             time. 0: none.
+        straggler_threshold: With several workers, the chief names a
+            worker whose own work a step (input wait and compute, from the
+            timed steps) is more than this fraction above the other
+            workers' median, over the last 3 log intervals
+            (`trainer/peers.py`); every worker's numbers go to `intervals`
+            and TensorBoard either way. 0: never named.
         verbose: 0 silent, 1 progress bar, 2 one line per log interval (the
             chief only in every case).
         shard_optimizer_state: ZeRO stage 1 (`zero/optimizer.py`): each of N workers
@@ -101,6 +113,7 @@ class TrainConfig:
 
     global_batch_size: int
     num_accumulation_steps: int = 1
+    micro_batch_size: Optional[int] = None
     jit_compile: Optional[bool] = False
     xla_gemm: str = "cublas"
     compile_update: Optional[bool] = None
@@ -116,6 +129,7 @@ class TrainConfig:
     steps_per_launch: int = 1
     max_call_seconds: Optional[float] = 2.0
     timed_steps_per_log: int = 4
+    straggler_threshold: float = 0.2
     verbose: int = 2
     shard_optimizer_state: bool = False
     noise_scale: NoiseScaleConfig = NoiseScaleConfig()
@@ -126,6 +140,12 @@ class TrainConfig:
         if self.global_batch_size <= 0:
             raise ValueError(
                 f"global_batch_size must be > 0, got {self.global_batch_size}")
+        if self.micro_batch_size is not None and (
+                self.micro_batch_size < 1 or self.num_accumulation_steps != 1):
+            raise ConfigError(
+                "micro_batch_size", "micro_batch_size must be >= 1 and "
+                "excludes num_accumulation_steps (it sets them), got "
+                f"{self.micro_batch_size} with {self.num_accumulation_steps}")
         if self.num_accumulation_steps < 1:
             raise ValueError("num_accumulation_steps must be >= 1, got "
                              f"{self.num_accumulation_steps}")
@@ -154,6 +174,9 @@ class TrainConfig:
                                            self.max_call_seconds)
         if problem:
             raise ConfigError("max_call_seconds", problem)
+        if not 0 <= self.straggler_threshold < 100:
+            raise ValueError("straggler_threshold must be in [0, 100), got "
+                             f"{self.straggler_threshold}")
         if self.timed_steps_per_log < 0:
             raise ValueError("timed_steps_per_log must be >= 0")
 
@@ -175,6 +198,24 @@ def resolve_auto(config: TrainConfig, strategy) -> TrainConfig:
         compile_update=xla_flags.choose(
             config.compile_update,
             on_gpus or config.steps_per_launch > 1)[0])
+
+
+def resolve_replicas(config: TrainConfig, replicas: int) -> TrainConfig:
+    """`config` with its accumulation steps for `replicas` when it gives
+    `micro_batch_size` (ConfigError naming the three numbers when they do
+    not divide); else `config`."""
+    micro = config.micro_batch_size
+    if micro is None:
+        return config
+    if config.global_batch_size % (replicas * micro):
+        raise ConfigError(
+            "micro_batch_size", f"global batch {config.global_batch_size} "
+            f"is not {replicas} replica(s) x micro-batch {micro} x a whole "
+            "number of accumulation steps: give a micro-batch or a "
+            "worker count that divides it")
+    return dataclasses.replace(
+        config, micro_batch_size=None,
+        num_accumulation_steps=config.global_batch_size // (replicas * micro))
 
 
 def check_fits(model, config: TrainConfig, replicas: int) -> None:

@@ -35,6 +35,11 @@ JOB_FLAG_TABLE = (
      "step.", None),
     ("optimizer", "integer", "num_accumulation_steps", "Micro-batches per "
      "step.", None),
+    ("optimizer", "integer", "micro_batch_size", "The batch one replica "
+     "computes at once; when set (not with --num_accumulation_steps), the "
+     "accumulation steps follow from the worker count: a job an elastic "
+     "launcher restarts on fewer or more workers keeps its global batch "
+     "and its micro-batches. 0: from --num_accumulation_steps.", None),
     ("optimizer", "float", "learning_rate", "Peak learning rate (at "
      "--reference_batch_size when --lr_scaling scales it).", None),
     ("optimizer", "integer", "num_train_steps", "Optimizer steps (with "
@@ -224,6 +229,11 @@ def define_log_interval(flags, default: int, **kwargs) -> None:
                          "each part followed by a wait for the device. 0: "
                          "none, which also saves tracing and compiling the "
                          "parts beside the step.", **kwargs)
+    flags.DEFINE_float("straggler_threshold", 0.2,
+                       "Name a worker whose input wait + compute a step "
+                       "(from the timed steps) is more than this fraction "
+                       "above the other workers' median over the last 3 "
+                       "log intervals. 0: never.", **kwargs)
 
 
 def define_cluster_flags(flags, **kwargs) -> None:
@@ -246,6 +256,12 @@ def define_cluster_flags(flags, **kwargs) -> None:
                        "Seconds before a collective fails.", **kwargs)
     flags.DEFINE_float("connect_timeout", 120,
                        "Seconds for all workers to join.", **kwargs)
+    flags.DEFINE_float("heartbeat_timeout", 30,
+                       "Seconds without a heartbeat before TensorFlow's "
+                       "coordination service holds a worker lost and fails "
+                       "the others' collectives naming it (--backend=mwms; "
+                       "TensorFlow's own default, 10, is missed by healthy "
+                       "workers on a loaded host).", **kwargs)
     flags.DEFINE_integer("slurm_port_base", 8888, "Port of task 0 on each "
                          "SLURM node.", **kwargs)
 
@@ -259,6 +275,7 @@ def cluster_from_flags(values, backend: str):
         bytes_per_pack=values.bytes_per_pack,
         collective_timeout_seconds=values.collective_timeout,
         connect_timeout_seconds=values.connect_timeout,
+        heartbeat_timeout_seconds=values.heartbeat_timeout,
         slurm_port_base=values.slurm_port_base)
 
 
@@ -275,6 +292,7 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
     more.setdefault("global_batch_size", values.train_batch_size)
     return TrainConfig(
         num_accumulation_steps=values.num_accumulation_steps,
+        micro_batch_size=values.micro_batch_size or None,
         jit_compile=values.xla, xla_gemm=values.xla_gemm,
         clip_global_norm=values.clip_global_norm or None,
         shard_optimizer_state=values.shard_optimizer_state,
@@ -287,6 +305,7 @@ def train_from_flags(values, *, precision: str, log_steps: int, **more):
         say_placement=False,  # in the start banner
         steps_per_launch=values.steps_per_launch,
         timed_steps_per_log=values.timed_steps_per_log,
+        straggler_threshold=values.straggler_threshold,
         noise_scale=noise_scale_from_flags(values), **more)
 
 

@@ -72,6 +72,7 @@ define_job_flags(
                   allow_partial_shards=False,
                   input_order="global",
                   train_batch_size=32, num_accumulation_steps=1,
+                  micro_batch_size=0,
                   learning_rate=1e-4, num_train_steps=1000,
                   num_warmup_steps=100, lr_schedule="polynomial",
                   lr_scaling="none", reference_batch_size=0,

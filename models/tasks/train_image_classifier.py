@@ -64,6 +64,7 @@ define_job_flags(
                   allow_partial_shards=False,
                   input_order="global",
                   train_batch_size=256, num_accumulation_steps=1,
+                  micro_batch_size=0,
                   learning_rate=0.1, num_train_steps=1000,
                   num_warmup_steps=100, lr_schedule="cosine",
                   lr_scaling="linear", reference_batch_size=256,

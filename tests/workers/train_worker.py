@@ -122,6 +122,9 @@ def main(argv):
     p.add_argument("--slow_input", type=float, default=0.0,
                    help="each batch this many seconds late (a step of at "
                         "least that length)")
+    p.add_argument("--slow_worker", type=float, default=0.0,
+                   help="worker 1's batches each this many seconds late (a "
+                        "straggler)")
     p.add_argument("--progress", default=None,
                    help="a file each call's end appends its step to")
     args = p.parse_args(argv)
@@ -196,10 +199,12 @@ def main(argv):
             micro, drop_remainder=True).repeat()
         ds = ds.map(lambda a, b: (a[start:start + per_replica],
                                   b[start:start + per_replica]))
-        if args.slow_input:
+        late = args.slow_input or (
+            args.slow_worker if context.input_pipeline_id == 1 else 0)
+        if late:
             # tf.data's own sleep (its test op): the iterator still saves.
             from tensorflow.python.data.experimental.ops import testing
-            ds = ds.apply(testing.sleep(int(args.slow_input * 1e6)))
+            ds = ds.apply(testing.sleep(int(late * 1e6)))
         return ds
 
     log = EventLog()
@@ -272,7 +277,8 @@ def main(argv):
              *[v.numpy() for v in model.trainable_variables])
     with open(os.path.join(args.out, f"events_{index}.json"), "w") as f:
         json.dump({"events": log.events, "step": int(trainer.step.numpy()),
-                   "is_chief": trainer.is_chief, "eval": evaluation}, f)
+                   "is_chief": trainer.is_chief, "eval": evaluation,
+                   "intervals": trainer.intervals}, f)
 
 
 def keras_fit(args, info, strategy, model, optimizer, x, y):

@@ -296,8 +296,12 @@ def describe(strategy, cluster) -> str:
         return cluster.all_reduce_alg
     chosen = name.lower()
     if cluster.all_reduce_alg == "auto":
-        return f"{chosen} (auto)"
-    if chosen != cluster.all_reduce_alg:  # nccl asked, no GPU
-        return (f"{chosen} (--all_reduce_alg={cluster.all_reduce_alg}: "
-                "no GPU here)")
+        chosen = f"{chosen} (auto)"
+    elif chosen != cluster.all_reduce_alg:  # nccl asked, no GPU
+        chosen = (f"{chosen} (--all_reduce_alg={cluster.all_reduce_alg}: "
+                  "no GPU here)")
+    # As TensorFlow's coordination service holds it (--heartbeat_timeout).
+    timeout_ms = _compat.heartbeat_timeout_ms()
+    if timeout_ms:
+        chosen += f", a worker silent {timeout_ms / 1000:g} s is held lost"
     return chosen

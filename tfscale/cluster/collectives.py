@@ -13,6 +13,10 @@ workers only through this interface:
                             `zero/optimizer.py`'s sharded optimizer state)
     agree(value)            on the host: the sum over workers of one float
                             (flags); every worker must call it
+    gather(name, mine, seconds)
+                            on the host: every worker's string on the
+                            chief (each log interval's numbers), its own
+                            elsewhere; no collective on "mwms"
     rendezvous(what, seconds)
                             on the host: returns once every worker has
                             called it for the same `what`; refuses in one
@@ -78,6 +82,7 @@ class StrategyCollectives:
         self._barriers = 0
         self._rendezvous = 0
         self._exchanges = 0
+        self._gathers = 0
         if self.num_workers > 1:
             # A script that ends while a peer waits in a rendezvous (the
             # chief's lone `evaluate()`) says so at once.
@@ -170,6 +175,30 @@ class StrategyCollectives:
                         f"{key}/{index}", int(seconds * 1000))
                 except tf.errors.OpError:
                     continue
+        return values
+
+    def gather(self, name: str, mine: str, seconds: float) -> dict:
+        """On the chief: {worker index: its value} once every worker has
+        called `gather(name, ...)` (a worker that does not come within
+        `seconds` is left out); elsewhere {own index: `mine`}, at once. No
+        collective: the coordination service's key-value store, each key
+        deleted once read."""
+        values = {self.worker_index: mine}
+        service = _compat.coordination_service()
+        if self.num_workers == 1 or service is None:
+            return values
+        self._gathers += 1
+        key = f"tfscale/gather/{self._gathers}/{name}"
+        if not self.is_chief:
+            service.set_config_key_value(f"{key}/{self.worker_index}", mine)
+            return values
+        for index in range(1, self.num_workers):
+            try:
+                values[index] = service.get_config_key_value(
+                    f"{key}/{index}", int(seconds * 1000))
+                service.delete_config_key_value(f"{key}/{index}")
+            except tf.errors.OpError:
+                continue
         return values
 
     def _announce_end(self) -> None:

@@ -135,6 +135,7 @@ SECONDS = {
     "max_call_seconds": (0.01, DAY_SECONDS, "no bound"),
     "collective_timeout_seconds": (1.0, 7 * DAY_SECONDS, None),
     "connect_timeout_seconds": (1.0, DAY_SECONDS, None),
+    "heartbeat_timeout_seconds": (1.0, DAY_SECONDS, None),
     "grace_seconds": (0.0, DAY_SECONDS, None),
     "failure_grace_seconds": (0.0, DAY_SECONDS, None),
     "restart_backoff_seconds": (0.0, DAY_SECONDS, None),

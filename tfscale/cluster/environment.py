@@ -62,6 +62,11 @@ class ClusterConfig:
         connect_timeout_seconds: Start-up (all workers reachable and the
             first collective done) must finish in this time, or the worker
             is killed after naming the peers it could not reach.
+        heartbeat_timeout_seconds: MultiWorkerMirroredStrategy: a worker
+            whose heartbeats to TensorFlow's coordination service stop this
+            long (a host lost, a process stopped, a link cut) fails every
+            worker's next collective, naming it. TensorFlow's own default
+            is 10 s, which a healthy worker on a loaded host has missed.
         slurm_port_base: First port on each node when the cluster comes from
             SLURM; task i on a node listens on port base + i.
     """
@@ -71,6 +76,7 @@ class ClusterConfig:
     bytes_per_pack: int = 0
     collective_timeout_seconds: Optional[float] = 300.0
     connect_timeout_seconds: float = 120.0
+    heartbeat_timeout_seconds: float = 30.0
     slurm_port_base: int = 8888
 
     def __post_init__(self):
@@ -85,7 +91,8 @@ class ClusterConfig:
             raise ValueError(
                 f"bytes_per_pack must be >= 0, got {self.bytes_per_pack}")
         for field in ("collective_timeout_seconds",
-                      "connect_timeout_seconds"):
+                      "connect_timeout_seconds",
+                      "heartbeat_timeout_seconds"):
             problem = contract.seconds_problem(field, getattr(self, field))
             if problem:
                 raise ConfigError(field, problem)

@@ -250,6 +250,18 @@ class MpiCollectives:
     def barrier(self) -> None:
         self.comm.Barrier()
 
+    def gather(self, name: str, mine: str, seconds: float) -> dict:
+        """Every rank's string on rank 0 (`MPI_Gather`: one small
+        collective), its own elsewhere. `name` and `seconds` as the "mwms"
+        backend's (the collective timeout bounds it here)."""
+        del name, seconds
+        if self.num_workers == 1:
+            return {0: mine}
+        values = self.comm.gather(mine, root=0)
+        if values is None:
+            return {self.worker_index: mine}
+        return dict(enumerate(values))
+
     def rendezvous(self, what: str, seconds: float) -> None:
         """Every rank has called `rendezvous(what, ...)` as its n-th, or
         `errors.CollectiveMisuse`: point-to-point messages on a tag of

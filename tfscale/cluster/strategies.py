@@ -80,6 +80,9 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
         # blamed on the peers).
         all_reduce_impl.load_nccl(worker, info.library_path)
     options = communication_options(config, choice.implementation)
+    from tfscale import _compat
+    _compat.configure_coordination(info.cluster,
+                                   config.heartbeat_timeout_seconds)
     with StartupWatchdog(info, config.connect_timeout_seconds):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=multi_worker_resolver(info, gpus),
@@ -87,7 +90,6 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
         # Before any collective: a worker on the wrong devices says so
         # (its peers, waiting in the first collective, end with it).
         placement.check(strategy, worker=worker, gpus=gpus)
-        from tfscale import _compat
         service = _compat.coordination_service()
         if choice.implementation == all_reduce_impl.NCCL and service:
             all_reduce_impl.check_not_shared(

@@ -25,8 +25,10 @@ class Unsupported:
         return unsupported(f"{self._name}.{attribute}", self._instead)
 
 
-ELASTIC = ("tfscale-run --max-restarts N (or launch.local --max_restarts) "
-           "restarts all ranks from the last checkpoint when one dies; "
-           "tfscale's Trainer resumes on any worker count")
+ELASTIC = ("no state is handed between live ranks: tfscale-run --min-np "
+           "--max-np --host-discovery-script restarts the ranks on the hosts "
+           "found from the job's last checkpoint (tfscale's Trainer, or "
+           "your tf.train.CheckpointManager), and --max-restarts N after "
+           "a failure; tfscale's Trainer resumes on any worker count")
 TIMELINE = ("profile with TensorBoard (tf.profiler.experimental.start / "
             "the TensorBoard callback's profile_batch)")

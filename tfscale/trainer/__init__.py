@@ -5,6 +5,7 @@
     evaluation.py  evaluation on all workers
     reporting.py   a log interval's numbers and line
     timing.py      the step's wall-clock split (input, compute, sync, update)
+    peers.py       every worker's split on the chief: stragglers, stalls
     memory.py      the process's memory, for the summary
     console.py     the lines it says to a person
 

@@ -41,6 +41,7 @@ from tfscale.resume import preemption
 from tfscale.cluster.signal_watch import SignalWatch
 from tfscale.resume.preemption import Preempted
 from tfscale.step.pace import CallPace
+from tfscale.trainer.peers import PeerIntervals
 from tfscale.trainer.reporting import IntervalReport
 from tfscale.trainer.timing import StepTimer
 from tfscale.train_config import TrainConfig, resolve_auto
@@ -102,7 +103,7 @@ class Trainer:
         self.model = model
         self.optimizer = parts.optimizer
         self.strategy = strategy
-        self.config = config
+        config = self.config = parts.config  # accumulation for its replicas
         self.collectives = parts.collectives
         self.is_chief = self.collectives.is_chief
         self.num_workers = self.collectives.num_workers
@@ -133,7 +134,9 @@ class Trainer:
             is_chief=self.is_chief)
         self._interval = IntervalReport(
             self.timer, optimizer=self.optimizer, loss_scale=self.loss_scale,
-            noise_scale=self.noise_scale, adascale=self._adascale)
+            noise_scale=self.noise_scale, adascale=self._adascale,
+            peers=PeerIntervals(self.collectives,
+                                config.straggler_threshold))
         self._start_run_state(config)
         if config.say_placement and config.verbose:
             console.say(self.placement.describe())
@@ -481,6 +484,9 @@ class Trainer:
                 line = self._interval.close(step, callback_list.callbacks)
                 if self._verbose == 2:
                     self._log(line)
+                if self._verbose:
+                    for notice in self._interval.notices:
+                        self._log(notice)
             # Batch callbacks run once per call, with the last step's index
             # (as Keras's fit does with steps_per_execution).
             callback_list.on_train_batch_end(batch - 1, logs)

@@ -26,7 +26,7 @@ from tfscale.zero import optimizer as zero
 from tfscale.optim.adascale import find_adascale
 from tfscale.resume.position import RunPosition
 from tfscale.step.train_step import TrainStep
-from tfscale.train_config import TrainConfig, check_fits
+from tfscale.train_config import TrainConfig, check_fits, resolve_replicas
 
 
 NOISE_NOT_MEASURED = ("gradient noise scale not measured: it needs at least 2 "
@@ -38,6 +38,7 @@ NOISE_NOT_MEASURED = ("gradient noise scale not measured: it needs at least 2 "
 class Parts:
     """What a Trainer is made of (see `assemble`)."""
 
+    config: TrainConfig  # the Trainer's, its accumulation for its replicas
     collectives: Any
     optimizer: Any  # the one updated with (a LossScaleOptimizer's inner)
     loss_scale: Optional[precision_lib.DynamicLossScale]
@@ -152,6 +153,7 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
     placement.check(strategy, model.trainable_variables,
                     worker=_who(collectives))
     replicas = collectives.num_replicas
+    config = resolve_replicas(config, replicas)
     check_fits(model, config, replicas)
     optimizer, loss_scale, sharded = _optimizer(model, optimizer, strategy,
                                                 config, collectives)
@@ -191,7 +193,7 @@ def assemble(*, model, optimizer, loss_fn: Callable, strategy,
         fail_fast.install(f"worker {collectives.worker_index}",
                           collectives.abort)
     return Parts(
-        collectives=collectives, optimizer=optimizer, loss_scale=loss_scale,
+        config=config, collectives=collectives, optimizer=optimizer, loss_scale=loss_scale,
         sharded=sharded, per_replica_batch_size=per_replica,
         position=position, train_step=train_step, noise_scale=noise_scale,
         adascale=adascale, eval_step=evaluation.EvalStep(

@@ -9,9 +9,11 @@ skipped steps, the gradient noise scale and AdaScale's gain.
 The numbers are not put in the callbacks' logs: those hold what Keras's
 `fit` puts there (the loss and the metrics), so a `CSVLogger` or a
 `History` reads as it would after `model.fit`. They go to the Trainer's
-`intervals` (summary.json's), to every Keras `TensorBoard` callback of the
-fit as scalars (`batch_<name>` at the interval's last step, unless it
-writes per epoch only), and to callbacks that ask for them with an
+`intervals` (summary.json's; on the chief of several workers with
+`workers`, each worker's split: `peers.py`), to every Keras `TensorBoard`
+callback of the fit as scalars (`batch_<name>` and
+`batch_worker<i>/<phase>` at the interval's last step, unless it writes
+per epoch only), and to callbacks that ask for them with an
 `on_interval_end(step, numbers)` method (the jobs' `IntervalHistory`, the
 DLLogger). The line goes to the chief's console at verbose 2.
 """
@@ -22,6 +24,7 @@ import keras
 import tensorflow as tf
 
 from tfscale.keras import callbacks as _compat_callbacks
+from tfscale.trainer.peers import StallWatch
 from tfscale.trainer.timing import StepTimer
 
 
@@ -37,8 +40,11 @@ class IntervalReport:
     """
 
     def __init__(self, timer: StepTimer, *, optimizer=None, loss_scale=None,
-                 noise_scale=None, adascale=None):
+                 noise_scale=None, adascale=None, peers=None):
         self.timer = timer
+        self._peers = peers  # a `peers.PeerIntervals`, or None
+        self._stall = StallWatch()
+        self.notices = []  # the last close's straggler and stall lines
         self._optimizer = optimizer
         self._loss_scale = loss_scale
         self._noise_scale = noise_scale
@@ -73,9 +79,22 @@ class IntervalReport:
             summary["learning_rate"] = float(keras.ops.convert_to_numpy(
                 self._optimizer.learning_rate))
         self._fits_first = False
+        self.notices = self._notices(summary, step)
         self.rows.append(summary)
         report(callbacks, step, summary)
         return line
+
+    def _notices(self, summary: dict, step: int) -> list:
+        """Every worker's numbers into `summary["workers"]` (on the chief:
+        `peers.py`) and the lines they call for: a straggler, a stall."""
+        notices = []
+        workers = self._peers.gather(summary) if self._peers else None
+        if workers is not None:
+            summary["workers"] = workers
+            notices += self._peers.stragglers(workers, step,
+                                              summary["first"])
+        stall = self._stall.check(summary, step)
+        return notices + ([stall] if stall else [])
 
     def _numbers(self, step: int) -> Tuple[dict, str]:
         """(the interval's numbers, its log line), and a new interval."""
@@ -123,7 +142,10 @@ def report(callbacks, step: int, numbers: dict) -> None:
     `TensorBoard` (scalars in its train writer) and any with an
     `on_interval_end(step, numbers)` method."""
     scalars = {k: float(v) for k, v in numbers.items()
-               if k not in ("step", "first")}
+               if k not in ("step", "first", "workers")}
+    for index, theirs in numbers.get("workers", {}).items():
+        scalars.update({f"worker{index}/{k}": float(v)
+                        for k, v in theirs.items()})
     for callback in callbacks:
         if hasattr(callback, "on_interval_end"):
             callback.on_interval_end(step, dict(numbers))

@@ -78,7 +78,7 @@ class IntervalHistory(keras.callbacks.Callback):
         self.rows = []
 
     def on_interval_end(self, step, numbers):
-        self.rows.append({k: (v if k == "first" else float(v))
+        self.rows.append({k: (v if k in ("first", "workers") else float(v))
                           for k, v in numbers.items()})
 
     def examples_per_second(self) -> dict:

@@ -1,0 +1,192 @@
+"""Elastic runs' bookkeeping (launch/elastic.py) and tfscale-run's elastic
+flags; the run itself, 3 -> 2 -> 3 hosts, is in test_hosts.py."""
+
+import io
+import sys
+
+import pytest
+
+from launch import elastic, horovodrun, local
+
+
+def config(**kwargs):
+    return elastic.ElasticConfig(**{**dict(
+        min_np=2, max_np=3, discovery_script="./hosts.sh", poll_seconds=5,
+        timeout_seconds=10), **kwargs})
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_discovery_output_is_read_as_horovod_reads_it():
+    assert elastic.parse_hosts("node1:2\n# a comment\n\nnode2\nnode1:2\n",
+                               slots_per_host=4, script="s") == [
+        ("node1", 2), ("node2", 4)]
+    with pytest.raises(elastic.DiscoveryError,
+                       match=r"--host-discovery-script s: line 2 is "
+                             r"'node2:x', not 'host:slots' or 'host'"):
+        elastic.parse_hosts("node1\nnode2:x\n", 1, "s")
+
+
+def test_the_script_is_run_and_its_failure_named(tmp_path):
+    script = tmp_path / "hosts.sh"
+    script.write_text("#!/bin/sh\necho node1:1\necho node2\n")
+    script.chmod(0o755)
+    assert elastic.discover(config(discovery_script=str(script))) == [
+        ("node1", 1), ("node2", 1)]
+    script.write_text("#!/bin/sh\necho 'no scheduler' >&2\nexit 3\n")
+    with pytest.raises(elastic.DiscoveryError,
+                       match=r"hosts.sh exited 3: no scheduler"):
+        elastic.discover(config(discovery_script=str(script)))
+
+
+def test_ranks_are_capped_at_max_np_and_failing_hosts_left_out():
+    found = [("node1", 2), ("node2", 2), ("node3", 1)]
+    membership = elastic.Membership(config(max_np=3), find=lambda: found)
+    assert membership.next_hosts() == [("node1", 2), ("node2", 1)]
+    assert membership.num_workers == 3
+    # Rank 2 is node2's (--map-by slot); it lost no peer itself.
+    assert membership.failed(2) == "node2 has failed 1 time(s)"
+    assert membership.failed(2) == ("node2 has failed 2 time(s): left out "
+                                    "from now on")
+    before = list(membership.hosts)
+    assert membership.next_hosts() == [("node1", 2), ("node3", 1)]
+    assert membership.changes(before) == ("node2 left out after failing; "
+                                          "node3 joined")
+
+
+def test_a_rank_that_only_lost_a_peer_charges_the_peers_host():
+    membership = elastic.Membership(config(), find=lambda: [
+        ("node1", 1), ("node2", 1), ("node3", 1)])
+    membership.next_hosts()
+    assert membership.failed(0, {0: "node3"}) == "node3 has failed 1 time(s)"
+    assert membership.failed(0, {0: None}) == ""  # MPI did not say whose
+    assert membership.failed(None) == ""
+
+
+def test_too_few_hosts_wait_out_the_timeout_then_name_what_is_missing(
+        monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(elastic.time, "sleep",
+                        lambda s: setattr(clock, "now", clock.now + s))
+    membership = elastic.Membership(config(), find=lambda: [("node1", 1)],
+                                    clock=clock)
+    assert membership.next_hosts() is None
+    assert clock.now >= 10
+    assert membership.too_few() == ("fewer than --min-np 2 slots for 10 s "
+                                    "(found: node1:1)")
+
+
+def test_a_host_that_joins_or_leaves_is_a_change_polled_at_its_interval():
+    clock = Clock()
+    found = [("node1", 1), ("node2", 1)]
+    membership = elastic.Membership(config(), find=lambda: list(found),
+                                    clock=clock)
+    membership.next_hosts()
+    found.append(("node3", 1))
+    assert membership.change() is None  # polled at most every 5 s
+    clock.now = 5
+    assert membership.change() == "node3 joined the discovery output"
+    membership.next_hosts()
+    found[:] = [("node1", 1), ("node3", 1)]
+    clock.now = 10
+    assert membership.change() == "node2 left the discovery output"
+
+    def broken():
+        raise elastic.DiscoveryError("script failed")
+    membership._find = broken
+    clock.now = 20
+    assert membership.change() is None  # the running hosts go on
+
+
+def test_at_max_np_a_new_host_is_no_change():
+    clock = Clock()
+    found = [("node1", 1), ("node2", 1), ("node3", 1)]
+    membership = elastic.Membership(config(max_np=2),
+                                    find=lambda: list(found), clock=clock)
+    membership.next_hosts()
+    found.append(("node4", 1))
+    clock.now = 5
+    assert membership.change() is None
+
+
+class FakeGroup:
+    """A group whose first attempt fails on rank 2; the next succeeds."""
+
+    def __init__(self, failure):
+        self.failure, self.lost_peer, self.last_lines = failure, {}, {}
+        self.hung, self.held_back, self.checkpoints = {}, [], []
+        self.procs = []
+
+    def first_failure(self):
+        return self.failure
+
+    def all_done(self):
+        return True
+
+    def stop(self, grace_seconds, sig=None, hurry=None):
+        return []
+
+    def mute(self):
+        pass
+
+
+def test_the_launcher_restarts_on_the_hosts_left_and_ends_below_the_minimum():
+    found = [("node1", 1), ("node2", 1), ("node3", 1)]
+    membership = elastic.Membership(config(host_failures=1, timeout_seconds=0),
+                                    find=lambda: list(found))
+    plan = elastic.Elastic(membership, lambda hosts: [])
+    attempts = []
+
+    def start():
+        attempts.append(list(membership.hosts))
+        # Rank 2, then rank 1: each host fails once and is left out.
+        return FakeGroup((len(membership.hosts) - 1, 9))
+    out = io.StringIO()
+    code = local._supervise(
+        local.LaunchConfig(3, backend="mpi", max_restarts=5,
+                           restart_backoff_seconds=0),
+        start, [], out, elastic=plan)
+    lines = out.getvalue().splitlines()
+    assert attempts == [found, found[:2]], lines
+    assert "[launcher] elastic: node3 has failed 1 time(s): left out from " \
+        "now on" in lines
+    assert lines[-1] == ("[launcher] exit 9: fewer than --min-np 2 slots for "
+                         "0 s (found: node1:1; left out after failing: "
+                         "node2, node3)")
+    assert code == 9
+
+
+def test_tfscale_run_takes_horovods_elastic_flags():
+    args = horovodrun.parse_args([
+        "--min-np", "2", "--max-np", "4", "--host-discovery-script",
+        "./hosts.sh", "--slots", "2", "--reset-limit", "3", "python", "t.py"])
+    cfg = horovodrun.elastic_config(args)
+    assert (cfg.min_np, cfg.max_np, cfg.slots_per_host) == (2, 4, 2)
+    assert args.num_proc == 2 and args.max_restarts == 3
+    for argv, message in [
+            (["--min-np", "2", "-np", "2"], "need --host-discovery-script"),
+            (["--host-discovery-script", "h", "-H", "a:1", "-np", "1"],
+             "no -H or --hostfile"),
+            (["--host-discovery-script", "h", "--min-np", "3",
+              "--max-np", "2"], "need 1 <= min <= max")]:
+        with pytest.raises(SystemExit):
+            horovodrun.parse_args([*argv, "python", "t.py"])
+
+
+def test_a_failing_discovery_script_ends_tfscale_run_in_one_line(
+        tmp_path, capsys):
+    script = tmp_path / "hosts.sh"
+    script.write_text("#!/bin/sh\nexit 4\n")
+    script.chmod(0o755)
+    code = horovodrun.main(["--min-np", "1", "--max-np", "2",
+                            "--host-discovery-script", str(script),
+                            sys.executable, "-c", "pass"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tfscale-run: error: --host-discovery-script {script} exited 4")
