@@ -416,7 +416,7 @@ def main(argv=None) -> int:
                          threads_per_worker=threads, base_env=env,
                          max_restarts=args.max_restarts,
                          gpus_per_worker=args.gpus_per_worker,
-                         bind_gpus=False)
+                         bind_gpus=False, watch_heartbeats=is_local(hosts))
     except ValueError as e:
         print(f"tfscale-run: error: {e}", file=sys.stderr)
         return 2

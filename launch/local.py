@@ -128,6 +128,9 @@ class LaunchConfig:
     hang_floor_seconds: float = 180.0
     hang_ceiling_seconds: float = 1800.0
     hang_factor: float = 10.0
+    # Every worker on this host writes to the launcher's heartbeat folder
+    # (False: ranks on other hosts, which cannot; then no hang watch).
+    watch_heartbeats: bool = True
 
     def __post_init__(self):
         for name, least in (("num_workers", 1), ("max_restarts", 0),
@@ -216,7 +219,7 @@ def run(command: Sequence[str], num_workers: int, *,
     service = None
     try:
         watch = None
-        if config.backend == "mwms":
+        if config.watch_heartbeats and elastic is None:
             folder = held.enter_context(tempfile.TemporaryDirectory(
                 prefix="tfscale-heartbeats-"))
             base_env[HEARTBEAT_DIR_ENV] = folder

@@ -121,6 +121,7 @@ class MpiGroup:
         self.last_lines = {}  # rank -> its error line (workers.remember)
         self.checkpoints = []  # preemption checkpoints said complete
         self.held_back = []  # (rank, line) printed after `mute`
+        self.hung = {}  # rank -> why it is held to have hung
         self._muted = False
         # rank -> the host of an MPI peer it lost (Open MPI's "peer process
         # has unexpectedly disconnected ... Peer host: H"; None when Open MPI

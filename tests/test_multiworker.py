@@ -276,8 +276,9 @@ def test_three_workers_leave_together_when_the_chief_is_last_to_finish():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["mwms", "mpi"])
 def test_a_worker_stuck_on_its_host_is_named_within_the_hang_floor(
-        tmp_path):
+        tmp_path, backend):
     # Worker 1's callback sleeps after step 4 (stuck in Python): its
     # coordination-service heartbeats go on, and worker 0 waits inside its
     # next call's all-reduce. Before: 300 s (the collective timeout), then
@@ -288,9 +289,9 @@ def test_a_worker_stuck_on_its_host_is_named_within_the_hang_floor(
     start = time.monotonic()
     code, output = run_workers(
         2, [*WORKER, "--out", str(tmp_path), "--steps", "30", "--hang_at",
-            "4", "--collective_timeout", "300"],
+            "4", "--collective_timeout", "300", "--backend", backend],
         launcher_args=["--hang_floor_seconds", "5",
-                       "--failure_grace_seconds", "1"],
+                       "--failure_grace_seconds", "1", "--backend", backend],
         expect_ok=False, timeout=240)
     assert code == contract.HUNG_EXIT_CODE, output[-3000:]
     assert time.monotonic() - start < 120

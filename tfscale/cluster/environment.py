@@ -280,10 +280,13 @@ def environment_seconds(name: str,
 def heartbeat_file(environ: Mapping[str, str] = None) -> Optional[str]:
     """Where this worker writes its heartbeat: the launcher's folder
     (`contract.HEARTBEAT_DIR_ENV`) and this worker's index
-    (`TFSCALE_WORKER_INDEX`); None when no launcher asked for one."""
+    (`TFSCALE_WORKER_INDEX`, or an MPI rank's: Open MPI's, PMIx's); None
+    when no launcher asked for one."""
     environ = os.environ if environ is None else environ
     folder = environ.get(contract.HEARTBEAT_DIR_ENV, "").strip()
-    index = environ.get("TFSCALE_WORKER_INDEX", "").strip()
+    index = next((environ[name].strip() for name in (
+        "TFSCALE_WORKER_INDEX", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+        if environ.get(name, "").strip()), "")
     if not folder or not index.isdigit():
         return None
     return contract.heartbeat_path(folder, int(index))
