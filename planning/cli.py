@@ -329,10 +329,14 @@ def _summary(path: str):
 def _target(args, facts) -> Optional[projection.Target]:
     noise = args.noise_scale or (facts.noise_scale if facts else None)
     if noise is None and (args.target_steps or args.target_batch):
-        raise ValueError(
-            f"--{'target_steps' if args.target_steps else 'target_batch'} "
-            "needs --noise_scale (or a --summary that measured one): the "
-            "time to the target at other batches comes from the noise scale")
+        if not (args.target_steps and args.target_batch):
+            raise ValueError("--target_steps and --target_batch go together "
+                             "(the steps a run took to the target, at its "
+                             "global batch)")
+        # At the target's own batch the steps are the run's: no noise
+        # scale; other batches' rows say they need one.
+        return projection.Target(args.target_steps, args.target_batch,
+                                 None, None)
     if noise is None:
         if args.gpu_hour_price and args.deadline:
             raise ValueError("--deadline needs a time to the target: "
@@ -444,7 +448,10 @@ def assumptions(workload, system, plan, facts, args) -> List[str]:
         f"framework: {plan.framework.name} (update passes "
         f"{plan.framework.update_passes}, "
         f"{1e3 * plan.framework.tensor_seconds:.3g} ms a gradient tensor, "
-        f"overlap {plan.framework.overlap:.0%})",
+        f"overlap {plan.framework.overlap:.0%})" + (
+            "" if plan.framework.measured_on_gpus else
+            f"; no multi-node GPU run stands behind its figures yet: the "
+            f"throughput band reaches {frameworks.REFERENCE}'s"),
         f"workload: {workload.parameters / 1e6:.1f}M parameters, "
         f"{workload.micro_batch} x {workload.accumulation} examples a GPU, "
         f"micro-batch {1e3 * workload.micro_seconds:.1f} ms; update "
@@ -515,18 +522,51 @@ def _duration(seconds: float) -> str:
 
 
 def add_costs(rows, price: float) -> None:
-    """Each row's cost to the target (GPUs x hours x `price`)."""
+    """Each row's cost to the target (GPUs x hours x `price`), with its
+    band; None where the row has no time to the target."""
     for row in rows:
-        hours = row["time_to_target"] / 3600
-        row["cost_to_target"] = row["gpus"] * hours * price
+        if row["time_to_target"] is None:
+            row["cost_to_target"] = row["cost_to_target_band"] = None
+            continue
+        row["cost_to_target"] = row["gpus"] * row["time_to_target"] / 3600 \
+            * price
+        row["cost_to_target_band"] = [row["gpus"] * t / 3600 * price for t
+                                      in row["time_to_target_band"]]
 
 
-def cheapest(rows, deadline_hours: float) -> Optional[dict]:
-    """The cheapest row that reaches the target within the deadline."""
-    meeting = [r for r in rows
-               if r["time_to_target"] / 3600 <= deadline_hours]
-    return min(meeting, key=lambda r: r["cost_to_target"]) if meeting \
-        else None
+def cheapest(rows, deadline_hours: float, which: int = None
+             ) -> Optional[dict]:
+    """The cheapest row that reaches the target within the deadline (at
+    the band's end `which`, 0 or 1, when given: the noise scale's ends)."""
+    def hours(r):
+        return (r["time_to_target"] if which is None else
+                r["time_to_target_band"][which]) / 3600
+
+    def cost(r):
+        return (r["cost_to_target"] if which is None else
+                r["cost_to_target_band"][which])
+    meeting = [r for r in rows if r["time_to_target"] is not None
+               and hours(r) <= deadline_hours]
+    return min(meeting, key=cost) if meeting else None
+
+
+def cheapest_line(rows, deadline_hours: float) -> str:
+    """"cheapest within 3 h: 8 GPUs, ..." and, where the answer changes
+    across the time's band (an unmeasured noise scale, the step's
+    spread), the GPU counts it moves between."""
+    best = cheapest(rows, deadline_hours)
+    line = f"cheapest within {deadline_hours:g} h: " + (
+        f"{best['gpus']} GPUs, {_duration(best['time_to_target'])}, "
+        f"{best['cost_to_target']:,.0f}" if best else
+        "no GPU count of --gpus reaches the target in time")
+    ends = [cheapest(rows, deadline_hours, which) for which in (0, 1)]
+    counts = sorted({r["gpus"] for r in ends + [best] if r is not None})
+    if len(counts) > 1 or (best is None) != all(e is None for e in ends):
+        line += (" (within the band of the time to the target, the answer "
+                 "moves between " + ", ".join(f"{n} GPUs" for n in counts)
+                 + ": it rests on the noise scale and the step's spread; "
+                 "measure the noise scale at the target batch to settle it)")
+    return line
 
 
 def table(rows, target) -> str:
@@ -553,11 +593,14 @@ def table(rows, target) -> str:
                 f"{r['throughput']:11,.0f} ({low:,.0f}-{high:,.0f}) "
                 f"{r['weak_efficiency']:6.1%} {strong} {nic:>9} "
                 f"{r['dominant_overhead']}")
-        if target:
+        if target and r["time_to_target"] is None:
+            line += (f"  needs --noise_scale (batch {r['global_batch']}, "
+                     f"not the target's {target.global_batch})")
+        elif target:
             a, b = r["time_to_target_band"]
             line += (f"  {_duration(r['time_to_target'])} "
                      f"({_duration(a)}-{_duration(b)})")
-        if "cost_to_target" in r:
+        if r.get("cost_to_target") is not None:
             line += f"  {r['cost_to_target']:,.0f}"
         lines.append(line)
     if any(r["strong_efficiency"] is None for r in rows):
@@ -572,7 +615,7 @@ def plot(rows, path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     gpus = [r["gpus"] for r in rows]
-    timed = "time_to_target" in rows[0]
+    timed = any(r.get("time_to_target") is not None for r in rows)
     fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(
         11 if timed else 6, 4), squeeze=False)
     ax = axes[0][0]
@@ -586,11 +629,13 @@ def plot(rows, path: str, title: str) -> None:
     ax.legend()
     if timed:
         ax = axes[0][1]
-        hours = [r["time_to_target"] / 3600 for r in rows]
+        known = [r for r in rows if r["time_to_target"] is not None]
+        at = [r["gpus"] for r in known]
+        hours = [r["time_to_target"] / 3600 for r in known]
         band = [[min(b, 1e9) / 3600 for b in r["time_to_target_band"]]
-                for r in rows]
-        ax.plot(gpus, hours, "o-")
-        ax.fill_between(gpus, [b[0] for b in band], [b[1] for b in band],
+                for r in known]
+        ax.plot(at, hours, "o-")
+        ax.fill_between(at, [b[0] for b in band], [b[1] for b in band],
                         alpha=0.3)
         ax.set(xscale="log", yscale="log", xlabel="GPUs",
                ylabel="hours to target", title="time to target")
@@ -684,10 +729,7 @@ def main(argv=None) -> int:
         print("\n".join(header))
         print(table(rows, target))
         if args.deadline and args.gpu_hour_price:
-            print(f"cheapest within {args.deadline:g} h: " + (
-                f"{best['gpus']} GPUs, {_duration(best['time_to_target'])}, "
-                f"{best['cost_to_target']:,.0f}" if best else
-                "no GPU count of --gpus reaches the target in time"))
+            print(cheapest_line(rows, args.deadline))
     if args.plot:
         plot(rows, args.plot, system.name)
     return 0

@@ -206,11 +206,12 @@ def time_to_target(step: float, global_batch: int, reference_steps: float,
 @dataclasses.dataclass(frozen=True)
 class Target:
     """A target a run reached: steps at its global batch, and the run's
-    noise scale with its interval (high None: unbounded)."""
+    noise scale with its interval (high None: unbounded); noise None: not
+    measured (only rows at `global_batch` get a time to the target)."""
     steps: float
     global_batch: int
-    noise: float
-    noise_interval: Tuple[float, Optional[float]]
+    noise: Optional[float]
+    noise_interval: Optional[Tuple[float, Optional[float]]]
 
 
 def project(workload: Workload, system: System, gpu_counts: Sequence[int],
@@ -221,6 +222,8 @@ def project(workload: Workload, system: System, gpu_counts: Sequence[int],
     and strong efficiency, the network the target efficiency needs, the
     dominant term, and the time to `target` (with its band)."""
     (low_w, low_s), (high_w, high_s) = corners(workload, system, spread)
+    reference = dataclasses.replace(
+        plan, framework=frameworks.PRESETS[frameworks.REFERENCE])
     single = step_seconds(workload, system, 1, plan)
     first = gpu_counts[0]
     strong_batch = first * workload.examples_per_gpu
@@ -230,13 +233,17 @@ def project(workload: Workload, system: System, gpu_counts: Sequence[int],
         split = step_split(workload, system, gpus, plan)
         step = sum(split.values())
         strong = strong_workload(workload, strong_batch, gpus)
+        band = [throughput(low_w, low_s, gpus, plan),
+                throughput(high_w, high_s, gpus, plan)]
+        if not plan.framework.measured_on_gpus:
+            # No GPU run stands behind it: the band reaches a framework's
+            # that has one (`frameworks.REFERENCE`).
+            band[0] = min(band[0], throughput(low_w, low_s, gpus, reference))
         row = {"gpus": gpus, "nodes": nodes_for(system, gpus),
                "global_batch": gpus * workload.examples_per_gpu,
                "step_seconds": step, "split": split,
                "throughput": throughput(workload, system, gpus, plan),
-               "throughput_band": [
-                   throughput(low_w, low_s, gpus, plan),
-                   throughput(high_w, high_s, gpus, plan)],
+               "throughput_band": band,
                "weak_efficiency": single / step,
                "strong_efficiency": (
                    None if strong is None else
@@ -258,6 +265,13 @@ def project(workload: Workload, system: System, gpu_counts: Sequence[int],
 
 def _target_times(row, target: Target, step, slow, fast) -> dict:
     batch = row["global_batch"]
+    if target.noise is None:
+        # No noise scale: only the target's own batch has a step count.
+        if batch != target.global_batch:
+            return {"time_to_target": None, "time_to_target_band": None}
+        return {"time_to_target": target.steps * step,
+                "time_to_target_band": sorted(
+                    [target.steps * slow, target.steps * fast])}
     low_noise, high_noise = target.noise_interval
     high_noise = math.inf if high_noise is None else high_noise
     times = [time_to_target(s, batch, target.steps, target.global_batch, b)

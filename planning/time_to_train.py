@@ -74,6 +74,16 @@ class Model:
     batches: Tuple[float, float] = (0.0, math.inf)  # measured B range
     per_gpu: Tuple[float, float] = (0.0, math.inf)  # measured b range
     residual: float = 0.0  # the fit's largest relative residual
+    results: int = 2  # how many results the fit rests on
+    # The results' one batch per GPU when they all ran it (a weak-scaling
+    # pair): t0 is then the whole compute at it, t1 unknown (0).
+    one_per_gpu: Optional[float] = None
+
+    @property
+    def exact(self) -> bool:
+        """Two results fit the step's two parts and the examples' two
+        terms exactly: no residual checks anything."""
+        return self.results <= 2
 
     def examples(self, global_batch: float) -> float:
         return self.e_min * (1 + global_batch / self.b_noise)
@@ -130,24 +140,23 @@ def _line(xs: Sequence[float], ys: Sequence[float]) -> Tuple[float, float]:
 
 def fit_results(system: System, parameters: float, gradient_bytes: int,
                 results: Sequence[Result], plan=projection.Plan()) -> Model:
-    """The model two or more results determine.
+    """The model two or more results determine (results at one batch per
+    GPU: a step's compute at that batch only, `Model.one_per_gpu`).
 
     Raises:
-        ValueError: Fewer than two results; results that cannot tell the
-            step's parts apart (one batch per GPU); examples that fall as
-            the batch grows (no noise scale fits).
+        ValueError: Fewer than two results; examples that fall as the
+            batch grows (no noise scale fits).
     """
     if len(results) < 2:
         raise ValueError("time to train needs two results or more (GPUS:"
                          "BATCH:MINUTES:EXAMPLES each)")
     per_gpu = [r.per_gpu for r in results]
-    if max(per_gpu) - min(per_gpu) < 1e-9 * max(per_gpu):
-        raise ValueError("every result ran the same batch per GPU "
-                         f"({per_gpu[0]:g}): the fixed and the per-example "
-                         "parts of a step cannot be told apart")
     rest = [r.step_seconds - sync(system, r.gpus, parameters, gradient_bytes,
                                   plan) for r in results]
-    t0, t1 = _line(per_gpu, rest)
+    one = max(per_gpu) - min(per_gpu) < 1e-9 * max(per_gpu)
+    # One batch per GPU (the same script on 8 and on 32 GPUs): the step's
+    # compute at it is known, not how it splits (`one_per_gpu`).
+    t0, t1 = (sum(rest) / len(rest), 0.0) if one else _line(per_gpu, rest)
     batches = [r.global_batch for r in results]
     if max(batches) == min(batches):
         e_min, b_noise = sum(r.examples for r in results) / len(results), \
@@ -161,7 +170,8 @@ def fit_results(system: System, parameters: float, gradient_bytes: int,
                                      for r in results) + ")")
         b_noise = e_min / slope if slope > 0 else math.inf
     model = Model(t0, t1, e_min, b_noise, parameters, gradient_bytes,
-                  (min(batches), max(batches)), (min(per_gpu), max(per_gpu)))
+                  (min(batches), max(batches)), (min(per_gpu), max(per_gpu)),
+                  results=len(results), one_per_gpu=per_gpu[0] if one else None)
     worst = max(max(abs(model.examples(r.global_batch) / r.examples - 1),
                     abs(model.compute_seconds(r.per_gpu) / step - 1))
                 for r, step in zip(results, rest))

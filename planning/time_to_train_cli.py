@@ -66,6 +66,19 @@ def header(model, system, plan, measured) -> List[str]:
     noise = ("inf (the examples did not grow with the batch)"
              if math.isinf(model.b_noise) else f"{model.b_noise:,.0f} "
              "examples")
+    if model.one_per_gpu is not None:
+        step = (f"  a step: {1e3 * model.t0:.2f} ms of compute at "
+                f"{model.one_per_gpu:g} examples a GPU (every result ran "
+                "that batch per GPU: its fixed and per-example parts are "
+                "not told apart, so only that batch per GPU is predicted)")
+    else:
+        step = (f"  a step: t0 {1e3 * model.t0:.2f} ms fixed + "
+                f"{1e3 * model.t1:.3f} ms an example a GPU (least squares "
+                "of each result's step time less its sync)")
+    fit = (f"{len(measured)} results, 4 terms: an exact fit; nothing "
+           "checked it" if model.exact else
+           f"the fit's largest residual {model.residual:.1%} over "
+           f"{len(measured)} results")
     return [
         f"system: {system.name} ({system.gpus_per_node} GPUs a node); "
         f"sync by the collective model, algorithm {plan.algorithm}, "
@@ -73,17 +86,16 @@ def header(model, system, plan, measured) -> List[str]:
         f"fitted from {len(measured)} results (" + ", ".join(
             f"{r.gpus} GPUs at batch {r.global_batch}: {r.minutes:g} min, "
             f"{r.examples:,.0f} examples" for r in measured) + ")",
-        f"  a step: t0 {1e3 * model.t0:.2f} ms fixed + "
-        f"{1e3 * model.t1:.3f} ms an example a GPU (least squares of each "
-        "result's step time less its sync)",
+        step,
         f"  examples to the target: E(B) = E_min (1 + B / B_noise), E_min "
         f"{model.e_min:,.0f} examples, B_noise {noise} (McCandlish et "
         "al. 2018, arXiv:1812.06162)",
         f"  measured: global batch {low_b:,.0f}-{high_b:,.0f} examples, "
-        f"per GPU {low_g:g}-{high_g:g}; the fit's largest residual "
-        f"{model.residual:.1%}",
-        f"band: inside the measured range +-{max(time_to_train.BASE, model.residual):.0%} "
-        "(the larger of 3% and the residual); past the largest batch, "
+        f"per GPU {low_g:g}-{high_g:g}; {fit}",
+        f"band: inside the measured range +-"
+        f"{max(time_to_train.BASE, model.residual):.0%} (the larger of 3%, "
+        "a stated floor, not a measured run-to-run spread, and the fit's "
+        "residual); past the largest batch, "
         "examples up to steps as at it (maximal data parallelism, Shallue "
         "et al. 2019, arXiv:1811.03600), below the smallest up to its "
         "examples; a step past the measured batch per GPU between the "
@@ -146,6 +158,14 @@ def run(args, system, plan):
     model = time_to_train.fit_results(
         system, args.parameters, DTYPE_BYTES[args.gradient_dtype],
         args.results, plan)
+    one = model.one_per_gpu
+    other = [b / g for g, b in zip(args.gpus, batches)
+             if one is not None and abs(b / g - one) > 1e-9 * one]
+    if other:
+        raise ValueError(
+            f"every result ran {one:g} examples a GPU: they predict other "
+            f"GPU counts at that batch per GPU (--train_batch_per_gpu "
+            f"{one:g}); {other[0]:g} a GPU needs a result at it")
     rows = [time_to_train.predict_row(model, system, gpus, batch, plan)
             for gpus, batch in zip(args.gpus, batches)]
     return header(model, system, plan, args.results), rows, model

@@ -132,6 +132,7 @@ def recording_mwms(monkeypatch):
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy",
                         RecordingMwms)
     monkeypatch.setattr(strategies, "check_own_port", lambda info: None)
+    monkeypatch.setattr(strategies, "start_coordination", lambda *a: None)
     return RecordingMwms.made
 
 

@@ -36,6 +36,14 @@ def assert_each_worker_said_where_it_trains(output, num_workers):
                 and "tfscale: placement: 1 replica on CPU:0" in line]
         assert len(said) == 1, output[-3000:]
         assert f"(worker {index} sees no GPU)" in said[0]
+        # Its precision and all-reduce, as the jobs' banner says them.
+        numerics = [line for line in output.splitlines()
+                    if line.startswith(f"[worker {index}] tfscale: "
+                                       "precision ")]
+        assert len(numerics) == 1, output[-3000:]
+        assert ", all-reduce ring (auto), a worker silent 30 s is held " \
+            "lost" in numerics[0] or ", all-reduce auto, a worker silent " \
+            "30 s is held lost" in numerics[0], numerics
 
 
 def load(path):

@@ -111,6 +111,8 @@ def test_make_strategy_gives_mwms_the_gpus_the_worker_sees(
     RecordingMwms.made.clear()
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy",
                         RecordingMwms)
+    # (No real cluster: the coordination service is the fake's business.)
+    monkeypatch.setattr(strategies, "start_coordination", lambda *a: None)
     strategy = strategies.make_strategy(two_worker_info(env=env), ClusterConfig())
     (resolver,) = RecordingMwms.made
     assert resolver.num_accelerators() == expected
@@ -119,6 +121,19 @@ def test_make_strategy_gives_mwms_the_gpus_the_worker_sees(
         tuple(f"/job:worker/replica:0/task:1/device:GPU:{i}"
               for i in range(count))
         or ("/job:worker/replica:0/task:1/device:CPU:0",))
+
+
+def test_a_strategy_built_after_the_runtime_started_is_refused_in_one_line():
+    # This process made tensors already: MultiWorkerMirroredStrategy would
+    # fail with "Collective ops must be configured at program startup".
+    tf.constant(1.0)
+    from tfscale.errors import ConfigError
+    with pytest.raises(ConfigError) as refused:
+        strategies.start_coordination(two_worker_info(), ClusterConfig(),
+                                      "worker 1")
+    assert str(refused.value) == f"worker 1: {strategies.STARTUP_ORDER}"
+    assert strategies.is_startup_order_error(RuntimeError(
+        "Collective ops must be configured at program startup"))
 
 
 @pytest.mark.parametrize("launcher,host_env,expected", [
@@ -310,6 +325,7 @@ def test_make_strategy_picks_nccl_where_each_replica_has_its_own_gpu(
     cuda_listing(monkeypatch, env)
     monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy",
                         RecordingMwms)
+    monkeypatch.setattr(strategies, "start_coordination", lambda *a: None)
     strategy = strategies.make_strategy(
         two_worker_info(env=env), ClusterConfig(all_reduce_alg=alg))
     options = strategy.extended._communication_options

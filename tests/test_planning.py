@@ -4,6 +4,7 @@ by hand, and the command's edges."""
 
 import dataclasses
 import json
+import re
 import math
 from unittest import mock
 
@@ -180,6 +181,46 @@ def test_time_to_train_from_the_command_line(capsys):
         "how the examples grow with the batch")
 
 
+def test_two_results_are_named_an_exact_fit_not_a_residual_of_zero(capsys):
+    args = ["--system", "dgx-a100", "--parameters", "336e6",
+            "--gradient_dtype", "float16", "--gpus", "64",
+            "--train_batch", "3072", "--results"]
+    two = "8:448:16.8821:2456496,1024:4096:0.4209:2782046"
+    assert cli.main(args + [two]) == 0
+    out = capsys.readouterr().out
+    assert "2 results, 4 terms: an exact fit; nothing checked it" in out
+    assert "residual 0.0%" not in out
+    assert cli.main(args + [two + ",64:3072:2.942:2700000"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"the fit's largest residual \d+\.\d% over 3 "
+                     r"results", out), out
+    assert "exact fit" not in out
+
+
+def test_a_weak_scaling_pair_predicts_other_counts_at_its_batch_per_gpu(
+        capsys):
+    # The same script on 8 and on 32 GPUs, 16 examples a GPU. Before:
+    # refused ("the fixed and the per-example parts cannot be told apart").
+    base = ["--system", "dgx-a100", "--parameters", "336e6",
+            "--gradient_dtype", "float16", "--results",
+            "8:128:60.0:2500000,32:512:16.5:2600000", "--gpus", "8,32,128"]
+    assert cli.main(base + ["--train_batch_per_gpu", "16", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["global_batch"] for r in rows] == [128, 512, 2048]
+    # Inside the measured range the results themselves come back.
+    assert rows[0]["minutes"][0] == pytest.approx(60.0, rel=0.03)
+    assert rows[1]["minutes"][0] == pytest.approx(16.5, rel=0.03)
+    assert rows[2]["minutes"][0] < rows[1]["minutes"][0]
+    assert cli.main(base + ["--train_batch_per_gpu", "16"]) == 0
+    assert ("ms of compute at 16 examples a GPU (every result ran that "
+            "batch per GPU") in capsys.readouterr().out
+    assert cli.main(base + ["--train_batch_per_gpu", "32"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "tfscale-plan: error: every result ran 16 examples a GPU: they "
+        "predict other GPU counts at that batch per GPU "
+        "(--train_batch_per_gpu 16); 32 a GPU needs a result at it")
+
+
 def test_every_published_figure_names_its_source_and_row():
     for name, table in published.load().items():
         assert table["source"] and table["path"] and table["table"], name
@@ -353,8 +394,8 @@ WORK = ["--parameters", "110e6", "--micro_batch", "32", "--micro_ms", "80"]
     (["--summary", "/nonexistent/summary.json"],
      "--summary /nonexistent/summary.json: No such file or directory"),
     (WORK + ["--micro_ms", "-5"], "--micro_ms -5: must be in (0, inf] ms"),
-    (WORK + ["--target_steps", "100"], "--target_steps needs --noise_scale "
-     "(or a --summary that measured one)"),
+    (WORK + ["--target_steps", "100"], "--target_steps and --target_batch "
+     "go together"),
     (WORK + ["--jitter", "-0.5"], "--jitter -0.5: must be in [0, 1]"),
     (WORK + ["--target_efficiency", "1.5"],
      "--target_efficiency 1.5: must be in (0, 1)"),
@@ -453,6 +494,67 @@ def test_the_cost_to_target_and_the_cheapest_count_within_a_deadline(
     assert cli.main(args + ["--deadline", f"{deadline}"]) == 0
     assert f"cheapest within {deadline:g} h: {best['gpus']} GPUs" in \
         capsys.readouterr().out
+
+
+def test_a_framework_no_gpu_run_stands_behind_says_so_and_widens_its_band(
+        capsys):
+    args = WORK + ["--system", "dgx-a100", "--gpus", "8,128", "--json"]
+    assert cli.main(args) == 0
+    ours = json.loads(capsys.readouterr().out)
+    assert any("no multi-node GPU run stands behind its figures yet: the "
+               "throughput band reaches horovod-nvidia-tf2's" in line
+               for line in ours["assumptions"])
+    assert cli.main(args + ["--framework", "horovod-nvidia-tf2"]) == 0
+    theirs = json.loads(capsys.readouterr().out)
+    assert not any("stands behind" in line for line in theirs["assumptions"])
+    for mine, published_row in zip(ours["rows"], theirs["rows"]):
+        assert mine["throughput_band"][0] <= published_row["throughput_band"][0]
+        assert mine["throughput_band"][0] < mine["throughput"]
+
+
+def test_the_targets_own_batch_needs_no_noise_scale(capsys):
+    # 32 examples a GPU: 8 GPUs train at the target's batch 256; the other
+    # rows' steps would rest on a noise scale nobody measured. Before: the
+    # whole command was refused without --noise_scale.
+    args = WORK + ["--system", "dgx-h100", "--gpus", "8,64",
+                   "--target_steps", "20000", "--target_batch", "256",
+                   "--gpu_hour_price", "2.5"]
+    assert cli.main(args + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows[0]["time_to_target"] == pytest.approx(
+        20000 * rows[0]["step_seconds"])
+    assert rows[1]["time_to_target"] is None
+    assert rows[1]["cost_to_target"] is None
+    assert cli.main(args + ["--deadline", "100"]) == 0
+    printed = capsys.readouterr().out
+    assert "needs --noise_scale (batch 2048, not the target's 256)" in printed
+    assert "cheapest within 100 h: 8 GPUs" in printed
+
+
+def test_a_cheapest_count_that_rests_on_the_noise_scale_says_so(capsys):
+    # An unbounded noise scale interval: at its ends 512 GPUs are cheapest
+    # or 8 are; the line names both rather than one as if it were known.
+    args = WORK + ["--system", "dgx-h100", "--gpus", "8,64,512",
+                   "--noise_scale", "2000", "--noise_interval", "200,inf",
+                   "--target_steps", "20000", "--target_batch", "256",
+                   "--gpu_hour_price", "2.5"]
+    assert cli.main(args + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    # A deadline 8 GPUs meet at the band's fast end and miss at its slow
+    # one (where only more GPUs meet it).
+    deadline = 1.01 * rows[0]["time_to_target_band"][0] / 3600
+    ends = {(cli.cheapest(rows, deadline, which) or {}).get("gpus")
+            for which in (0, 1)}
+    assert len(ends) > 1 and None not in ends, rows
+    assert cli.main(args + ["--deadline", f"{deadline}"]) == 0
+    printed = capsys.readouterr().out
+    assert "the answer moves between " + ", ".join(
+        f"{n} GPUs" for n in sorted(ends | {cli.cheapest(rows, deadline)[
+            "gpus"]})) in printed, printed
+    # A deadline every row meets at either end: one answer, nothing added.
+    far = 10 * max(r["time_to_target_band"][1] for r in rows) / 3600
+    assert cli.main(args + ["--deadline", f"{far}"]) == 0
+    assert "moves between" not in capsys.readouterr().out
 
 
 def test_a_cpu_run_projected_onto_gpus_says_so(tmp_path, capsys):

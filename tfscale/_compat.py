@@ -361,6 +361,16 @@ def configure_coordination(cluster: dict, heartbeat_timeout_seconds: float
 
 
 @shim
+def runtime_started() -> bool:
+    """Whether this process's TensorFlow runtime (the eager context) has
+    started: a tensor, a dataset or a model made it. Read from the eager
+    context's handle (tensorflow/python/eager/context.py), which
+    MultiWorkerMirroredStrategy needs unset to configure collectives."""
+    from tensorflow.python.eager import context
+    return context.context()._context_handle is not None
+
+
+@shim
 def heartbeat_timeout_ms() -> int:
     """The coordination service's configured heartbeat timeout in ms (0:
     TensorFlow's default), as the eager context holds it."""

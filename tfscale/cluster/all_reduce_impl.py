@@ -285,6 +285,15 @@ def check_not_shared(service, worker_index: int, num_workers: int,
             "workers on one GPU with it)")
 
 
+def numerics_words(strategy, precision: str, xla) -> str:
+    """"precision float32, XLA off, all-reduce ring (auto), a worker silent
+    30 s is held lost": what a user's own Trainer or `model.fit` says at
+    its start beside its placement line, as the jobs' banner does."""
+    from tfscale.cluster.environment import ClusterConfig
+    return (f"precision {precision}, XLA {'on' if xla else 'off'}, "
+            f"all-reduce {describe(strategy, ClusterConfig())}")
+
+
 def describe(strategy, cluster) -> str:
     """What the banner says of a strategy's all-reduce: "nccl (auto)",
     "ring", or, for one worker, the flag (MirroredStrategy's own choice

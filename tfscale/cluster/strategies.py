@@ -15,9 +15,47 @@ from typing import Optional
 
 from tfscale.cluster import (all_reduce_impl, gpu_binding, mpi, placement,
                              watchdog)
-from tfscale.cluster.contract import STARTUP_TIMEOUT_EXIT_CODE
+from tfscale.cluster.contract import (CONFIG_ERROR_EXIT_CODE,
+                                      STARTUP_TIMEOUT_EXIT_CODE)
 from tfscale.cluster.devices import visible_gpus
 from tfscale.cluster.environment import ClusterConfig, ClusterError, ClusterInfo
+from tfscale.errors import ConfigError, chain_excepthook
+
+
+# What a worker says when TensorFlow's runtime started before its strategy
+# (TensorFlow's own words: "Collective ops must be configured at program
+# startup", and a traceback).
+STARTUP_ORDER = (
+    "TensorFlow started before the strategy (a dataset, a tensor or a model "
+    "came first), and on several workers MultiWorkerMirroredStrategy must "
+    "configure it at program startup: build the strategy "
+    "(tfscale.make_strategy, tf.distribute.MultiWorkerMirroredStrategy()) "
+    "before any dataset or tensor")
+_STARTUP_MARK = "_tfscale_startup_order"
+
+
+def is_startup_order_error(value) -> bool:
+    """Whether `value` is TensorFlow's or tfscale's refusal of a strategy
+    built after the runtime started."""
+    text = str(value)
+    return ("Collective ops must be configured at program startup" in text
+            or STARTUP_ORDER in text)
+
+
+def say_startup_order(who: str) -> None:
+    """From now on an uncaught strategy-order error ends this process in
+    one line naming `who`, exit 2 (a restart would meet it again), not a
+    TensorFlow traceback."""
+    from tfscale.cluster import fail_fast
+
+    def make_hook(previous):
+        def hook(kind, value, traceback):
+            if not is_startup_order_error(value):
+                return previous(kind, value, traceback)
+            sys.stderr.write(f"tfscale: {who}: {STARTUP_ORDER}\n")
+            fail_fast.end(CONFIG_ERROR_EXIT_CODE)
+        return hook
+    chain_excepthook(_STARTUP_MARK, make_hook)
 
 
 def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
@@ -81,8 +119,7 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
         all_reduce_impl.load_nccl(worker, info.library_path)
     options = communication_options(config, choice.implementation)
     from tfscale import _compat
-    _compat.configure_coordination(info.cluster,
-                                   config.heartbeat_timeout_seconds)
+    start_coordination(info, config, worker)
     with StartupWatchdog(info, config.connect_timeout_seconds):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=multi_worker_resolver(info, gpus),
@@ -101,6 +138,20 @@ def make_strategy(info: ClusterInfo, config: ClusterConfig, devices=None):
             tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)),
             axis=None), autograph=False)()
     return strategy
+
+
+def start_coordination(info: ClusterInfo, config: ClusterConfig,
+                       worker: str) -> None:
+    """TensorFlow's coordination service, with `heartbeat_timeout_seconds`,
+    before MultiWorkerMirroredStrategy would start it with its own; a
+    runtime already started (a dataset or tensor made first) refused in one
+    line (`STARTUP_ORDER`)."""
+    from tfscale import _compat
+    if _compat.runtime_started():
+        say_startup_order(worker)
+        raise ConfigError("strategy", f"{worker}: {STARTUP_ORDER}")
+    _compat.configure_coordination(info.cluster,
+                                   config.heartbeat_timeout_seconds)
 
 
 def multi_worker_resolver(info: ClusterInfo, gpus):

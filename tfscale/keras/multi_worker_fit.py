@@ -47,8 +47,10 @@ import tensorflow as tf
 
 from tfscale import _compat
 from tfscale.keras import callback_files, fit_preemption
-from tfscale.cluster import fail_fast, placement
-from tfscale.cluster.strategies import chief_and_worker_count, worker_index
+from tfscale.cluster import all_reduce_impl, fail_fast, placement
+from tfscale.cluster import environment
+from tfscale.cluster.strategies import (chief_and_worker_count,
+                                        say_startup_order, worker_index)
 
 
 def enable_multi_worker_fit() -> None:
@@ -63,6 +65,14 @@ def enable_multi_worker_fit() -> None:
     """
     _compat.fix_keras_multi_worker_bugs()
     _compat.wrap_keras_fit(_multi_worker_fit)
+    # A strategy built after a dataset fails in TensorFlow's words: said in
+    # one line instead (the docs' script once did so on 2 workers).
+    try:
+        info = environment.resolve_cluster()
+    except environment.ClusterError:
+        return
+    if info.num_workers > 1:
+        say_startup_order(f"worker {info.worker_index}")
 
 
 def _multi_worker_fit(fit, model, *args, **kwargs):
@@ -83,6 +93,9 @@ def _multi_worker_fit(fit, model, *args, **kwargs):
     if (arguments.get("verbose", "auto") != 0
             and not getattr(model, "_tfscale_placement_said", False)):
         print(f"tfscale: {where.describe()}", flush=True)
+        print("tfscale: " + all_reduce_impl.numerics_words(
+            strategy, keras.mixed_precision.global_policy().name,
+            getattr(model, "jit_compile", False)), flush=True)
         model._tfscale_placement_said = True
     is_chief, num_workers = True, 1
     if strategy.num_replicas_in_sync > 1:

@@ -27,7 +27,7 @@ from typing import Callable, Optional, Sequence
 import keras
 import tensorflow as tf
 
-from tfscale.cluster import devices, heartbeat
+from tfscale.cluster import all_reduce_impl, devices, heartbeat
 from tfscale.keras import callback_files
 from tfscale.trainer import console
 from tfscale.trainer import evaluation
@@ -140,6 +140,8 @@ class Trainer:
         self._start_run_state(config)
         if config.say_placement and config.verbose:
             console.say(self.placement.describe())
+            console.say(all_reduce_impl.numerics_words(
+                strategy, config.precision, config.jit_compile))
 
     def _start_run_state(self, config: TrainConfig) -> None:
         """What this process has done so far: nothing."""
