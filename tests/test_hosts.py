@@ -245,19 +245,21 @@ def test_an_elastic_run_loses_a_host_and_takes_it_back_and_ends_as_one_run(
     config = json.loads((corpus / "bert_config.json").read_text())
     config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     (corpus / "no_dropout.json").write_text(json.dumps(config))
-    steps = 300
+    # Enough steps that 2 workers are still training when node3 is back.
+    steps = 150
 
-    def job(out):
+    def job(out, save=10):
         # 24 records a step in micro-batches of 4: 2 accumulation steps on
         # 3 ranks, 3 on 2, the same micro-batches either way.
         return [sys.executable, "run_pretraining.py", *pretrain_args(
             corpus, out, steps, f"--bert_config_file={corpus}/no_dropout.json",
             "--train_batch_size=24", "--micro_batch_size=4", "--backend=mpi",
-            "--deterministic", "--seed=11", "--save_checkpoints_steps=10")]
+            "--deterministic", "--seed=11", f"--save_checkpoints_steps={save}")]
 
     reference = tmp_path / "reference"
     code, output = run_command(tfscale_run(
-        "node1:1,node2:1,node3:1", 3, *job(reference)), timeout=600)
+        "node1:1,node2:1,node3:1", 3, *job(reference, save=steps)),
+        timeout=600)
     assert code == 0, output[-5000:]
     assert "global batch 24 = 4 per replica x 3 x 2 accumulation" in output
 
@@ -270,7 +272,7 @@ def test_an_elastic_run_loses_a_host_and_takes_it_back_and_ends_as_one_run(
     log = tmp_path / "elastic.log"
     command = [sys.executable, "-m", "launch.horovodrun", "--min-np", "2",
                "--max-np", "3", "--host-discovery-script", str(discover),
-               "--discovery-interval", "1", "--max-restarts", "2",
+               "--discovery-interval", "0.5", "--max-restarts", "2",
                *job(out)]
     with open(log, "w") as f:
         proc = start(command, log=f)

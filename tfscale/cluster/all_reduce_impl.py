@@ -301,16 +301,19 @@ def describe(strategy, cluster) -> str:
     from tfscale import _compat
     options = _compat.communication_options(strategy)
     name = getattr(getattr(options, "implementation", None), "name", "AUTO")
-    if name == "AUTO":
-        return cluster.all_reduce_alg
     chosen = name.lower()
-    if cluster.all_reduce_alg == "auto":
+    if name == "AUTO":
+        chosen = cluster.all_reduce_alg
+    elif cluster.all_reduce_alg == "auto":
         chosen = f"{chosen} (auto)"
     elif chosen != cluster.all_reduce_alg:  # nccl asked, no GPU
         chosen = (f"{chosen} (--all_reduce_alg={cluster.all_reduce_alg}: "
                   "no GPU here)")
-    # As TensorFlow's coordination service holds it (--heartbeat_timeout).
-    timeout_ms = _compat.heartbeat_timeout_ms()
-    if timeout_ms:
-        chosen += f", a worker silent {timeout_ms / 1000:g} s is held lost"
+    # As TensorFlow's coordination service holds it (--heartbeat_timeout),
+    # where the service runs.
+    if _compat.coordination_service() is not None:
+        timeout_ms = _compat.heartbeat_timeout_ms()
+        chosen += (f", a worker silent {timeout_ms / 1000:g} s is held lost"
+                   if timeout_ms else ", a worker silent 10 s is held lost "
+                   "(TensorFlow's default)")
     return chosen

@@ -49,6 +49,7 @@ from tfscale import _compat
 from tfscale.keras import callback_files, fit_preemption
 from tfscale.cluster import all_reduce_impl, fail_fast, placement
 from tfscale.cluster import environment
+from tfscale.cluster.environment import ClusterConfig
 from tfscale.cluster.strategies import (chief_and_worker_count,
                                         say_startup_order, worker_index)
 
@@ -73,6 +74,12 @@ def enable_multi_worker_fit() -> None:
         return
     if info.num_workers > 1:
         say_startup_order(f"worker {info.worker_index}")
+        # The strategy the script builds next finds the coordination
+        # service set up, with tfscale's heartbeat timeout, not
+        # TensorFlow's 10 s (`strategies.start_coordination`).
+        if not _compat.runtime_started():
+            _compat.configure_coordination(
+                info.cluster, ClusterConfig().heartbeat_timeout_seconds)
 
 
 def _multi_worker_fit(fit, model, *args, **kwargs):
