@@ -161,21 +161,10 @@ class StrategyCollectives:
         key-value store (no collective); a worker that does not come
         within `seconds` is left out. Only this worker's value without the
         service."""
-        values = {self.worker_index: mine}
-        service = _compat.coordination_service()
-        if self.num_workers == 1 or service is None:
-            return values
         self._exchanges += 1
-        key = f"tfscale/exchange/{self._exchanges}/{name}"
-        service.set_config_key_value(f"{key}/{self.worker_index}", mine)
-        for index in range(self.num_workers):
-            if index != self.worker_index:
-                try:
-                    values[index] = service.get_config_key_value(
-                        f"{key}/{index}", int(seconds * 1000))
-                except tf.errors.OpError:
-                    continue
-        return values
+        return self._through_store(
+            f"tfscale/exchange/{self._exchanges}/{name}", mine, seconds,
+            everyone=True)
 
     def gather(self, name: str, mine: str, seconds: float) -> dict:
         """On the chief: {worker index: its value} once every worker has
@@ -183,20 +172,31 @@ class StrategyCollectives:
         `seconds` is left out); elsewhere {own index: `mine`}, at once. No
         collective: the coordination service's key-value store, each key
         deleted once read."""
+        self._gathers += 1
+        return self._through_store(
+            f"tfscale/gather/{self._gathers}/{name}", mine, seconds,
+            everyone=False)
+
+    def _through_store(self, key: str, mine: str, seconds: float, *,
+                       everyone: bool) -> dict:
+        """`mine` under `key`/<this worker>, and the others' values read
+        by every worker (`everyone`) or by the chief alone, which deletes
+        them once read."""
         values = {self.worker_index: mine}
         service = _compat.coordination_service()
         if self.num_workers == 1 or service is None:
             return values
-        self._gathers += 1
-        key = f"tfscale/gather/{self._gathers}/{name}"
-        if not self.is_chief:
+        reads = everyone or self.is_chief
+        if everyone or not self.is_chief:
             service.set_config_key_value(f"{key}/{self.worker_index}", mine)
-            return values
-        for index in range(1, self.num_workers):
+        for index in range(self.num_workers if reads else 0):
+            if index == self.worker_index:
+                continue
             try:
                 values[index] = service.get_config_key_value(
                     f"{key}/{index}", int(seconds * 1000))
-                service.delete_config_key_value(f"{key}/{index}")
+                if not everyone:
+                    service.delete_config_key_value(f"{key}/{index}")
             except tf.errors.OpError:
                 continue
         return values
