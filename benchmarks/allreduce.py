@@ -198,14 +198,20 @@ def report(rows: List[dict], title: str) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", default="2,4")
-    parser.add_argument("--transports", default="grpc,mpi_tcp,mpi_shm")
-    parser.add_argument("--sizes", default=DEFAULT_SIZES)
+    parser.add_argument("--workers", default="2,4",
+                        help="worker counts, comma-separated")
+    parser.add_argument("--transports", default="grpc,mpi_tcp,mpi_shm",
+                        help="transports to time, comma-separated: grpc "
+                             "(MultiWorkerMirroredStrategy's ring), mpi_tcp, "
+                             "mpi_shm")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES,
+                        help="all-reduce sizes in bytes, comma-separated")
     parser.add_argument("--budget_bytes", type=float, default=2e9,
                         help="bytes all-reduced per point (3 to 50 repeats)")
     parser.add_argument("--mpirun_args", default="",
                         help="added to mpirun (e.g. hosts)")
-    parser.add_argument("--output_dir", default="runs/allreduce")
+    parser.add_argument("--output_dir", default="runs/allreduce",
+                        help="folder for report.md and results.json")
     args = parser.parse_args(argv)
     transports = args.transports.split(",")
     unknown = sorted(set(transports) - set(TRANSPORTS))

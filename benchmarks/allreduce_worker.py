@@ -54,11 +54,15 @@ def horovod_allreduce(nbytes: int, reps: int, barrier) -> dict:
 
 def main(argv):
     p = argparse.ArgumentParser()
-    p.add_argument("--backend", choices=["mwms", "mpi"], required=True)
+    p.add_argument("--backend", choices=["mwms", "mpi"], required=True,
+                   help="how workers sum gradients: mwms "
+                        "(MultiWorkerMirroredStrategy) or mpi (MPI.Allreduce)")
     p.add_argument("--sizes", required=True, help="bytes, comma-separated")
     p.add_argument("--budget_bytes", type=float, default=2e9,
                    help="bytes moved per size and method (sets repetitions)")
-    p.add_argument("--result_file", required=True)
+    p.add_argument("--result_file", required=True,
+                   help="where this worker writes its timings as JSON (the "
+                        "benchmark that starts it sets it)")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
 

@@ -133,16 +133,23 @@ def report(rows: dict, args) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--output_dir", default="runs/data_service")
+    p.add_argument("--output_dir", default="runs/data_service",
+                   help="folder for report.md and results.json")
     p.add_argument("--records_dir", default="runs/image_pipeline",
                    help="where the image benchmark's records are (made "
                         "there if missing)")
-    p.add_argument("--image_size", type=int, default=224)
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--batches", type=int, default=100)
-    p.add_argument("--warmup_batches", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--setups", default=",".join(SETUPS))
+    p.add_argument("--image_size", type=int, default=224,
+                   help="image side in pixels")
+    p.add_argument("--batch_size", type=int, default=64,
+                   help="examples a batch")
+    p.add_argument("--batches", type=int, default=100,
+                   help="batches timed")
+    p.add_argument("--warmup_batches", type=int, default=10,
+                   help="batches read first, untimed")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="times each measurement is repeated")
+    p.add_argument("--setups", default=",".join(SETUPS),
+                   help="input setups to time, comma-separated")
     args = p.parse_args(argv)
     os.makedirs(args.output_dir, exist_ok=True)
     files = make_records(args.records_dir, 10, 64)

@@ -18,19 +18,31 @@ from input_pipelines import images, service, tfrecord
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--files", required=True)
-    p.add_argument("--data_service", default=None)
+    p.add_argument("--files", required=True,
+                   help="record files (a glob)")
+    p.add_argument("--data_service", default=None,
+                   help="the tf.data service's dispatcher, host:port (none: "
+                        "local input)")
     p.add_argument("--compression", default="none",
-                   choices=service.COMPRESSIONS)
-    p.add_argument("--job_name", default="benchmark")
+                   choices=service.COMPRESSIONS,
+                   help="the service's compression of its elements")
+    p.add_argument("--job_name", default="benchmark",
+                   help="the service's shared job name")
     p.add_argument("--order", default="global", choices=tfrecord.ORDERS,
                    help="local input's record order")
-    p.add_argument("--max_outstanding_requests", type=int, default=None)
-    p.add_argument("--image_size", type=int, default=224)
-    p.add_argument("--num_classes", type=int, default=10)
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--batches", type=int, default=100)
-    p.add_argument("--warmup_batches", type=int, default=10)
+    p.add_argument("--max_outstanding_requests", type=int, default=None,
+                   help="requests in flight to the service's workers (none: "
+                        "tf.data's default)")
+    p.add_argument("--image_size", type=int, default=224,
+                   help="image side in pixels")
+    p.add_argument("--num_classes", type=int, default=10,
+                   help="classes of the synthetic images")
+    p.add_argument("--batch_size", type=int, default=64,
+                   help="examples a batch")
+    p.add_argument("--batches", type=int, default=100,
+                   help="batches timed")
+    p.add_argument("--warmup_batches", type=int, default=10,
+                   help="batches read first, untimed")
     args = p.parse_args(argv)
 
     config = None

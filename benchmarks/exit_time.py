@@ -62,9 +62,13 @@ def one_run(pattern: str, directory: str, run: int, steps: int) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--output_dir", default="runs/exit_time")
+    parser.add_argument("--runs", type=int, default=20,
+                        help="jobs run, each timed from its last line to the "
+                             "launcher's exit")
+    parser.add_argument("--steps", type=int, default=10,
+                        help="steps of each job")
+    parser.add_argument("--output_dir", default="runs/exit_time",
+                        help="folder for report.md and results.json")
     args = parser.parse_args()
     os.makedirs(args.output_dir, exist_ok=True)
     pattern = make_records(os.path.abspath(args.output_dir))

@@ -82,12 +82,18 @@ def ratio_pairs(engines) -> list:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num_workers", type=int, default=2)
-    parser.add_argument("--threads_per_worker", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--global_batch", type=int, default=128)
-    parser.add_argument("--models", default="cnn,mlp")
-    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--num_workers", type=int, default=2,
+                        help="workers of each run")
+    parser.add_argument("--threads_per_worker", type=int, default=1,
+                        help="TensorFlow threads a worker")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="times each measurement is repeated")
+    parser.add_argument("--global_batch", type=int, default=128,
+                        help="global batch a step")
+    parser.add_argument("--models", default="cnn,mlp",
+                        help="models, comma-separated: cnn, mlp")
+    parser.add_argument("--engines", default=",".join(ENGINES),
+                        help="training loops compared, comma-separated")
     args = parser.parse_args()
     models = args.models.split(",")
     engines = args.engines.split(",")

@@ -86,12 +86,19 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--engine", required=True,
                         choices=["tf_keras", "keras3", "trainer",
-                                 "trainer_mpi", "bare"])
-    parser.add_argument("--model", required=True, choices=["cnn", "mlp"])
-    parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--warmup_steps", type=int, required=True)
-    parser.add_argument("--global_batch", type=int, default=128)
-    parser.add_argument("--result_file", required=True)
+                                 "trainer_mpi", "bare"],
+                        help="the training loop this worker runs")
+    parser.add_argument("--model", required=True, choices=["cnn", "mlp"],
+                        help="the model it trains")
+    parser.add_argument("--steps", type=int, required=True,
+                        help="steps timed in each run")
+    parser.add_argument("--warmup_steps", type=int, required=True,
+                        help="steps run first, untimed (tracing, compilation)")
+    parser.add_argument("--global_batch", type=int, default=128,
+                        help="global batch a step")
+    parser.add_argument("--result_file", required=True,
+                        help="where this worker writes its timings as JSON "
+                             "(the benchmark that starts it sets it)")
     parser.add_argument("--timed_steps_per_log", type=int, default=4,
                         help="Trainer: steps per log interval run part by "
                         "part to measure the time split")

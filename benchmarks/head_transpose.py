@@ -22,12 +22,18 @@ import tensorflow as tf
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--heads", type=int, default=12)
-    p.add_argument("--size", type=int, default=64)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--batch", type=int, default=256,
+                   help="sequences a batch")
+    p.add_argument("--seq", type=int, default=128,
+                   help="tokens a sequence")
+    p.add_argument("--heads", type=int, default=12,
+                   help="attention heads")
+    p.add_argument("--size", type=int, default=64,
+                   help="size of one head")
+    p.add_argument("--dtype", default="bfloat16",
+                   help="the tensors' dtype")
+    p.add_argument("--repeats", type=int, default=50,
+                   help="times each measurement is repeated")
     return p.parse_args()
 
 

@@ -67,15 +67,23 @@ def trainer(args, out) -> float:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--image_size", type=int, default=96)
+    parser.add_argument("--ranks", type=int, default=2,
+                        help="MPI ranks (tfscale-run -np)")
+    parser.add_argument("--image_size", type=int, default=96,
+                        help="image side in pixels")
     parser.add_argument("--batch_size", type=int, default=16,
                         help="per rank")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup_steps", type=int, default=5)
-    parser.add_argument("--batches_per_iter", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--output_dir", default="runs/horovod_synthetic")
+    parser.add_argument("--steps", type=int, default=20,
+                        help="timed iterations")
+    parser.add_argument("--warmup_steps", type=int, default=5,
+                        help="iterations run first, untimed")
+    parser.add_argument("--batches_per_iter", type=int, default=5,
+                        help="batches an iteration (Horovod's synthetic "
+                             "benchmark's --num-batches-per-iter)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="times each measurement is repeated")
+    parser.add_argument("--output_dir", default="runs/horovod_synthetic",
+                        help="folder for report.md and results.json")
     args = parser.parse_args(argv)
     os.makedirs(args.output_dir, exist_ok=True)
     runs = {"trainer_mpi": [], "horovod": [], "horovod_fp16": []}

@@ -41,8 +41,10 @@ def timed(fn, calls: int) -> float:
 
 def main(argv=None):
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="times each measurement is repeated")
+    parser.add_argument("--calls", type=int, default=300,
+                        help="agreements timed a run")
     args = parser.parse_args(argv)
     hvd.init()
     state = _state.get()

@@ -240,20 +240,31 @@ def ensure_model_garden(directory: str) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--output_dir", default="runs/image_pipeline")
-    p.add_argument("--image_size", type=int, default=224)
-    p.add_argument("--batch_size", type=int, default=32)
-    p.add_argument("--batches", type=int, default=30)
-    p.add_argument("--warmup_batches", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--num_classes", type=int, default=10)
-    p.add_argument("--images_per_class", type=int, default=64)
+    p.add_argument("--output_dir", default="runs/image_pipeline",
+                   help="folder for report.md and results.json")
+    p.add_argument("--image_size", type=int, default=224,
+                   help="image side in pixels")
+    p.add_argument("--batch_size", type=int, default=32,
+                   help="examples a batch")
+    p.add_argument("--batches", type=int, default=30,
+                   help="batches timed")
+    p.add_argument("--warmup_batches", type=int, default=5,
+                   help="batches read first, untimed")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="times each measurement is repeated")
+    p.add_argument("--num_classes", type=int, default=10,
+                   help="classes of the synthetic images")
+    p.add_argument("--images_per_class", type=int, default=64,
+                   help="synthetic images a class")
     p.add_argument("--variants", default="all",
                    help="comma list of " + ", ".join(
                        ["ceiling", "decode_only", "naive", "model_garden",
                        *VARIANTS]))
-    p.add_argument("--model_garden_dir", default="runs/model_garden")
-    p.add_argument("--no_model_garden", action="store_true")
+    p.add_argument("--model_garden_dir", default="runs/model_garden",
+                   help="a checkout of TF Model Garden (fetched there if "
+                        "missing), for its pipeline as the baseline")
+    p.add_argument("--no_model_garden", action="store_true",
+                   help="skip the Model Garden baseline")
     args = p.parse_args(argv)
 
     files = make_records(args.output_dir, args.num_classes,

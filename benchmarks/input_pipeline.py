@@ -148,11 +148,17 @@ def parsing_alone(files, batch_size, threads):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=131072)
-    parser.add_argument("--files", type=int, default=16)
-    parser.add_argument("--batch_size", type=int, default=256)
-    parser.add_argument("--data_dir", default=None)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--records", type=int, default=131072,
+                        help="synthetic BERT records written")
+    parser.add_argument("--files", type=int, default=16,
+                        help="files they are written to")
+    parser.add_argument("--batch_size", type=int, default=256,
+                        help="examples a batch")
+    parser.add_argument("--data_dir", default=None,
+                        help="where the records go (default: a temporary "
+                             "folder)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="times each measurement is repeated")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     directory = args.data_dir or tempfile.mkdtemp(prefix="tfscale-bench-")

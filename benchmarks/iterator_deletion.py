@@ -58,11 +58,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=6,
                         help="runs per autotune setting")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=40,
+                        help="steps each worker trains")
     parser.add_argument("--busy_seconds", type=float, default=1.0,
                         help="CPU work per step on each worker")
-    parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--output_dir", default="runs/iterator_deletion")
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="seconds before a run is held to hang")
+    parser.add_argument("--output_dir", default="runs/iterator_deletion",
+                        help="folder for report.md and results.json")
     args = parser.parse_args()
     os.makedirs(args.output_dir, exist_ok=True)
     records = make_records(args.output_dir, num_classes=10, per_class=8)

@@ -23,11 +23,18 @@ from input_pipelines import images, tfrecord  # noqa: E402
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", required=True, help="records glob")
-    parser.add_argument("--autotune", type=int, choices=(0, 1), default=1)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--busy_seconds", type=float, default=1.0)
-    parser.add_argument("--checkpoint_dir", required=True)
-    parser.add_argument("--result_file", required=True)
+    parser.add_argument("--autotune", type=int, choices=(0, 1), default=1,
+                        help="tf.data autotuning on (1) or off (0)")
+    parser.add_argument("--steps", type=int, default=40,
+                        help="steps it trains")
+    parser.add_argument("--busy_seconds", type=float, default=1.0,
+                        help="seconds the input pipeline keeps busy before "
+                             "the end")
+    parser.add_argument("--checkpoint_dir", required=True,
+                        help="where it saves the input iterator")
+    parser.add_argument("--result_file", required=True,
+                        help="where this worker writes its timings as JSON "
+                             "(the benchmark that starts it sets it)")
     args = parser.parse_args()
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

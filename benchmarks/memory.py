@@ -160,17 +160,27 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="study", required=True)
     z = sub.add_parser("zero")
-    z.add_argument("--records", required=True)
-    z.add_argument("--bert_config", required=True)
-    z.add_argument("--out", default="/tmp/tfscale-memory")
-    z.add_argument("--workers", type=int, nargs="+", default=[2, 3])
-    z.add_argument("--steps", type=int, default=12)
-    z.add_argument("--models", nargs="+", default=["BERT-tiny", "BERT-base"])
-    z.add_argument("--batch", type=int, default=12)
+    z.add_argument("--records", required=True,
+                   help="BERT records to train on (a glob)")
+    z.add_argument("--bert_config", required=True,
+                   help="BERT config JSON of the first model")
+    z.add_argument("--out", default="/tmp/tfscale-memory",
+                   help="folder for the runs and the report")
+    z.add_argument("--workers", type=int, nargs="+", default=[2, 3],
+                   help="worker counts")
+    z.add_argument("--steps", type=int, default=12,
+                   help="steps a run")
+    z.add_argument("--models", nargs="+", default=["BERT-tiny", "BERT-base"],
+                   help="models to measure")
+    z.add_argument("--batch", type=int, default=12,
+                   help="global batch a step")
     r = sub.add_parser("recompute")
-    r.add_argument("--batch", type=int, default=8)
-    r.add_argument("--seq", type=int, default=128)
-    r.add_argument("--steps", type=int, default=3)
+    r.add_argument("--batch", type=int, default=8,
+                   help="global batch a step")
+    r.add_argument("--seq", type=int, default=128,
+                   help="tokens a sequence")
+    r.add_argument("--steps", type=int, default=3,
+                   help="steps a run")
     args = parser.parse_args(argv)
     (zero if args.study == "zero" else recompute)(args)
 

@@ -64,10 +64,12 @@ def gpus_of(platform: str) -> int:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkout")
-    parser.add_argument("--submitters", default="NVIDIA,NVIDIA_CoreWeave")
+    parser.add_argument("--submitters", default="NVIDIA,NVIDIA_CoreWeave",
+                        help="submitter folders read, comma-separated")
     parser.add_argument("--systems", default="h100",
                         help="a word the result folder's name holds")
-    parser.add_argument("--benchmarks", default="bert,resnet")
+    parser.add_argument("--benchmarks", default="bert,resnet",
+                        help="benchmarks read, comma-separated")
     args = parser.parse_args()
     for submitter in args.submitters.split(","):
         for benchmark in args.benchmarks.split(","):

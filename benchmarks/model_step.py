@@ -19,7 +19,8 @@ def parse_args():
     p.add_argument("--bert_config_file", required=True,
                    help="Google's bert_config.json")
     p.add_argument("--precision", default="float32",
-                   choices=["float32", "mixed_bfloat16", "mixed_float16"])
+                   choices=["float32", "mixed_bfloat16", "mixed_float16"],
+                   help="the step's Keras dtype policy")
     p.add_argument("--batch", type=int, default=32, help="examples per step")
     p.add_argument("--seq", type=int, default=64, help="sequence length")
     p.add_argument("--preds", type=int, default=10,

@@ -50,11 +50,17 @@ def trainer_run(strategy, workload, mode, batch_size, accumulation):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--accumulation", type=int, default=2)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help="workloads timed, comma-separated")
+    parser.add_argument("--steps", type=int, default=200,
+                        help="steps timed in each run")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of on and off, alternating")
+    parser.add_argument("--batch_size", type=int, default=64,
+                        help="examples a batch")
+    parser.add_argument("--accumulation", type=int, default=2,
+                        help="micro-batches a step (the estimate needs 2 or "
+                             "more)")
     args = parser.parse_args()
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     print(f"{args.steps} steps per round, global batch {args.batch_size} = "

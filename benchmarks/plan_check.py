@@ -131,10 +131,15 @@ def measured(path: str) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--output_dir", default="runs/plan_check")
-    p.add_argument("--rates", default="100,400")
-    p.add_argument("--models", default="bert_tiny,resnet50")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--output_dir", default="runs/plan_check",
+                   help="folder for report.md and results.json")
+    p.add_argument("--rates", default="100,400",
+                   help="link rates in Mbit/s, comma-separated (a tc token "
+                        "bucket on each host's link)")
+    p.add_argument("--models", default="bert_tiny,resnet50",
+                   help="models, comma-separated")
+    p.add_argument("--steps", type=int, default=20,
+                   help="steps timed in each run")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         print("plan_check: needs root (network namespaces, tc)",

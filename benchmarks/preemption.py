@@ -217,14 +217,24 @@ def step_seconds(command) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output_dir", default="runs/preemption")
-    parser.add_argument("--steps_per_call", default="10,100,1000")
+    parser.add_argument("--output_dir", default="runs/preemption",
+                        help="folder for report.md and results.json")
+    parser.add_argument("--steps_per_call", default="10,100,1000",
+                        help="--steps_per_execution values timed, comma-"
+                             "separated")
     parser.add_argument("--bounds", default="0,2",
                         help="--max_call_seconds values (0: no bound)")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--backend", default="mwms", choices=["mwms", "mpi"])
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--signal_after", type=float, default=20.0)
+    parser.add_argument("--workers", type=int, default=2,
+                        help="workers of each run")
+    parser.add_argument("--backend", default="mwms", choices=["mwms", "mpi"],
+                        help="how workers sum gradients: mwms "
+                             "(MultiWorkerMirroredStrategy) or mpi "
+                             "(MPI.Allreduce)")
+    parser.add_argument("--steps", type=int, default=3000,
+                        help="steps a run would train (the signal ends it "
+                             "first)")
+    parser.add_argument("--signal_after", type=float, default=20.0,
+                        help="seconds after the start when SIGTERM is sent")
     parser.add_argument("--step_time_steps", type=int, default=200,
                         help="steps of the run that measures the step time")
     parser.add_argument("--phases", action="store_true",

@@ -90,10 +90,14 @@ def pipeline_rate(files, reader_class, batches: int) -> float:
 
 def main(argv=None):
     parser = argparse.ArgumentParser()
-    parser.add_argument("--files", type=int, default=16)
-    parser.add_argument("--records_per_file", type=int, default=8192)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--pipeline_batches", type=int, default=300)
+    parser.add_argument("--files", type=int, default=16,
+                        help="record files written")
+    parser.add_argument("--records_per_file", type=int, default=8192,
+                        help="records in each file")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="times each measurement is repeated")
+    parser.add_argument("--pipeline_batches", type=int, default=300,
+                        help="batches read through the whole pipeline")
     args = parser.parse_args(argv)
     directory = tempfile.mkdtemp(prefix="tfscale-reader-")
     files = write_records(directory, args.files * args.records_per_file,

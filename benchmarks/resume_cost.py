@@ -126,8 +126,10 @@ def skip_baseline(records, step):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=5000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5000,
+                        help="the position, in steps, a resume restores")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="times each measurement is repeated")
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="tfscale-resume-")
     records = os.path.join(root, "records")

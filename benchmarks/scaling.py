@@ -303,22 +303,31 @@ def _plot(rows, out_dir):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="materials_mlp",
-                        choices=sorted(DEFAULT_BATCH))
-    parser.add_argument("--workers", default="1,2")
-    parser.add_argument("--modes", default="weak,strong")
-    parser.add_argument("--variants", default="base")
+                        choices=sorted(DEFAULT_BATCH),
+                        help="the model")
+    parser.add_argument("--workers", default="1,2",
+                        help="worker counts, comma-separated")
+    parser.add_argument("--modes", default="weak,strong",
+                        help="weak (batch per worker fixed), strong (global "
+                             "batch fixed), comma-separated")
+    parser.add_argument("--variants", default="base",
+                        help="step variants, comma-separated")
     parser.add_argument("--backends", default="grpc",
                         help="grpc (MultiWorkerMirroredStrategy) and/or mpi")
     parser.add_argument("--threads_per_worker", type=int, default=None,
                         help="TF threads per worker (default: cores / "
                              "workers; 1 compares 1 thread per worker with "
                              "1 worker on 1 thread)")
-    parser.add_argument("--per_worker_batch", type=int, default=None)
+    parser.add_argument("--per_worker_batch", type=int, default=None,
+                        help="examples a worker a step (default: the model's)")
     parser.add_argument("--global_batch", type=int, default=None,
                         help="strong scaling batch (default: per-worker x max)")
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--warmup_steps", type=int, default=10)
-    parser.add_argument("--output_dir", default="runs/scaling")
+    parser.add_argument("--steps", type=int, default=50,
+                        help="steps timed in each run")
+    parser.add_argument("--warmup_steps", type=int, default=10,
+                        help="steps run first, untimed (tracing, compilation)")
+    parser.add_argument("--output_dir", default="runs/scaling",
+                        help="folder for report.md and results.json")
     parser.add_argument("--image_size", type=int, default=224,
                         help="resnet50: side of the images, decoded from "
                              "JPEG records made in --output_dir")

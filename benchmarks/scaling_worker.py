@@ -98,22 +98,35 @@ class _Report(keras.callbacks.Callback):
 
 def main(argv):
     p = argparse.ArgumentParser()
-    p.add_argument("--model", default="materials_mlp")
-    p.add_argument("--global_batch_size", type=int, required=True)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--warmup_steps", type=int, default=10)
-    p.add_argument("--xla", action="store_true")
-    p.add_argument("--precision", default="float32")
-    p.add_argument("--bytes_per_pack", type=int, default=0)
-    p.add_argument("--timed_steps", type=int, default=10)
-    p.add_argument("--result_file", required=True)
-    p.add_argument("--backend", default="mwms", choices=["mwms", "mpi"])
+    p.add_argument("--model", default="materials_mlp",
+                   help="the model")
+    p.add_argument("--global_batch_size", type=int, required=True,
+                   help="global batch a step")
+    p.add_argument("--steps", type=int, default=50,
+                   help="steps timed in each run")
+    p.add_argument("--warmup_steps", type=int, default=10,
+                   help="steps run first, untimed (tracing, compilation)")
+    p.add_argument("--xla", action="store_true",
+                   help="compile the step with XLA")
+    p.add_argument("--precision", default="float32",
+                   help="the step's Keras dtype policy")
+    p.add_argument("--bytes_per_pack", type=int, default=0,
+                   help="all-reduce pack size in bytes (0: one pack)")
+    p.add_argument("--timed_steps", type=int, default=10,
+                   help="steps timed part by part for the time split")
+    p.add_argument("--result_file", required=True,
+                   help="where this worker writes its timings as JSON (the "
+                        "benchmark that starts it sets it)")
+    p.add_argument("--backend", default="mwms", choices=["mwms", "mpi"],
+                   help="how workers sum gradients: mwms "
+                        "(MultiWorkerMirroredStrategy) or mpi (MPI.Allreduce)")
     p.add_argument("--mpi_bucket_bytes", type=int, default=0,
                    help="MPI: all-reduce buckets of this size in reverse "
                         "layer order (0: one fused buffer)")
     p.add_argument("--image_records", default=None,
                    help="resnet50: JPEG records (glob)")
-    p.add_argument("--image_size", type=int, default=224)
+    p.add_argument("--image_size", type=int, default=224,
+                   help="image side in pixels")
     p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"],
                    help="sgd: SGD(0.01), as Horovod's synthetic benchmark")
     args = p.parse_args(argv)

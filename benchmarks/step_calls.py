@@ -117,16 +117,26 @@ _ORIGINAL = tf_ops._EagerTensorBase._numpy
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--vocab", type=int, default=8000)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--preds", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--layers", type=int, default=4,
+                        help="transformer layers")
+    parser.add_argument("--hidden", type=int, default=256,
+                        help="hidden size")
+    parser.add_argument("--vocab", type=int, default=8000,
+                        help="vocabulary size")
+    parser.add_argument("--batch", type=int, default=32,
+                        help="sequences a batch")
+    parser.add_argument("--seq", type=int, default=128,
+                        help="tokens a sequence")
+    parser.add_argument("--preds", type=int, default=20,
+                        help="masked positions a sequence")
+    parser.add_argument("--steps", type=int, default=60,
+                        help="steps timed in each run")
     parser.add_argument("--variants",
-                        default="calls1,calls60,xla_calls1,xla_calls60")
-    parser.add_argument("--json", default=None)
+                        default="calls1,calls60,xla_calls1,xla_calls60",
+                        help="variants timed, comma-separated (callsN: N "
+                             "steps a call; xla_: compiled)")
+    parser.add_argument("--json", default=None,
+                        help="also write the results to this JSON file")
     args = parser.parse_args()
     config_json = dict(
         vocab_size=args.vocab, hidden_size=args.hidden,

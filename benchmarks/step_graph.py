@@ -30,10 +30,13 @@ def parse_args():
                    help="Google's bert_config.json")
     p.add_argument("--train_batch_size", type=int, default=256,
                    help="per-replica batch")
-    p.add_argument("--max_seq_length", type=int, default=128)
-    p.add_argument("--max_predictions_per_seq", type=int, default=20)
+    p.add_argument("--max_seq_length", type=int, default=128,
+                   help="tokens a sequence")
+    p.add_argument("--max_predictions_per_seq", type=int, default=20,
+                   help="masked positions a sequence")
     p.add_argument("--precision", default="mixed_bfloat16",
-                   choices=["float32", "mixed_bfloat16", "mixed_float16"])
+                   choices=["float32", "mixed_bfloat16", "mixed_float16"],
+                   help="the step's Keras dtype policy")
     p.add_argument("--top", type=int, default=25, help="rows of the table")
     p.add_argument("--compile", action="store_true",
                    help="also time XLA's compilation on this machine")

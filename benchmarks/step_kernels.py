@@ -44,10 +44,14 @@ NO_KERNEL = {"Const", "Identity", "IdentityN", "NoOp", "Placeholder",
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bert_config_file", default="benchmarks/bert_base.json")
-    p.add_argument("--device", default="/gpu:0")
-    p.add_argument("--steps_per_call", type=int, default=50)
-    p.add_argument("--layouts", default=",".join(LAYOUTS))
+    p.add_argument("--bert_config_file", default="benchmarks/bert_base.json",
+                   help="BERT config JSON")
+    p.add_argument("--device", default="/gpu:0",
+                   help="the device the step is placed on")
+    p.add_argument("--steps_per_call", type=int, default=50,
+                   help="steps in one call of the compiled step")
+    p.add_argument("--layouts", default=",".join(LAYOUTS),
+                   help="step layouts counted, comma-separated")
     p.add_argument("--json", default=None, help="also write the counts here")
     return p.parse_args()
 

@@ -842,18 +842,25 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", choices=("fashion_mnist", "digits",
                                            "bert_tiny"),
-                        default="fashion_mnist")
-    parser.add_argument("--fashion_dir", default=idx.FASHION_MNIST_DIR)
-    parser.add_argument("--records", default="runs/demo/records/train-*")
+                        default="fashion_mnist",
+                        help="the study's task")
+    parser.add_argument("--fashion_dir", default=idx.FASHION_MNIST_DIR,
+                        help="Fashion-MNIST's IDX files (Debian's dataset-"
+                             "fashion-mnist)")
+    parser.add_argument("--records", default="runs/demo/records/train-*",
+                        help="BERT records of the bert_tiny task (a glob)")
     parser.add_argument("--bert_config",
-                        default="runs/demo/corpus/bert_config.json")
+                        default="runs/demo/corpus/bert_config.json",
+                        help="BERT config JSON of the bert_tiny task")
     parser.add_argument("--target", type=float, default=None,
                         help="default: 0.85 accuracy (Fashion-MNIST), 0.97 "
                              "(digits) / 5.6 MLM loss")
-    parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
+    parser.add_argument("--optimizers", default=",".join(OPTIMIZERS),
+                        help="optimizers studied, comma-separated")
     parser.add_argument("--batches", default=None,
                         help="comma list (default: the study's)")
-    parser.add_argument("--analyse_only", action="store_true")
+    parser.add_argument("--analyse_only", action="store_true",
+                        help="only analyse the results already written")
     args = parser.parse_args()
     if args.task == "fashion_mnist":
         if not os.path.isdir(args.fashion_dir):

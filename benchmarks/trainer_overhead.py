@@ -95,10 +95,14 @@ def steps_per_second(run, steps):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help="workloads timed, comma-separated")
+    parser.add_argument("--steps", type=int, default=200,
+                        help="steps timed in each run")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="times each measurement is repeated")
+    parser.add_argument("--batch_size", type=int, default=32,
+                        help="examples a batch")
     args = parser.parse_args()
     import tensorflow as tf
     from benchmarks.scaling_worker import model_and_data

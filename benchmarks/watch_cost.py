@@ -67,7 +67,8 @@ def worker(gathers: int, out: str) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--output_dir", default="runs/watch_cost")
+    p.add_argument("--output_dir", default="runs/watch_cost",
+                   help="folder for report.md and results.json")
     p.add_argument("--beats", type=int, default=2000,
                    help="heartbeats timed in each of 5 runs")
     p.add_argument("--gathers", type=int, default=200,

@@ -62,12 +62,16 @@ def run_writer(corpus: str, vocab: str, out: str, args) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--megabytes", type=float, nargs="+", default=[9, 90])
-    parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--dupe_factor", type=int, default=1)
+    parser.add_argument("--megabytes", type=float, nargs="+", default=[9, 90],
+                        help="corpus sizes in MB")
+    parser.add_argument("--shards", type=int, default=4,
+                        help="output shards")
+    parser.add_argument("--dupe_factor", type=int, default=1,
+                        help="times each document is masked anew")
     parser.add_argument("--piece_mb", type=int, default=0,
                         help="0: the writer's default")
-    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--workdir", default=None,
+                        help="scratch folder (default: a temporary one)")
     args = parser.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="writer-memory-")
     vocab = os.path.join(work, "vocab.txt")

@@ -157,13 +157,18 @@ def make_data(args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--classes", type=int, default=10)
-    parser.add_argument("--images_per_class", type=int, default=100)
+    parser.add_argument("--classes", type=int, default=10,
+                        help="image classes")
+    parser.add_argument("--images_per_class", type=int, default=100,
+                        help="synthetic images a class")
     parser.add_argument("--corpus_copies", type=int, default=30,
                         help="the demo corpus repeated this many times")
-    parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--output_dir", default="runs/writers")
+    parser.add_argument("--shards", type=int, default=8,
+                        help="output shards")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="times each measurement is repeated")
+    parser.add_argument("--output_dir", default="runs/writers",
+                        help="folder for report.md and results.json")
     parser.add_argument("--baseline_repo", default=None,
                         help="an earlier checkout whose tools are run as "
                              "the 'pool' rows")

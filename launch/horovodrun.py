@@ -199,9 +199,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-hostfile", "--hostfile", dest="hostfile",
                         default=None, help="'host slots=N' per line")
     parser.add_argument("-p", "--ssh-port", dest="ssh_port", type=int,
-                        default=None)
+                        default=None,
+                        help="the remote hosts' sshd port (mpirun's ssh)")
     parser.add_argument("-i", "--ssh-identity-file",
-                        dest="ssh_identity_file", default=None)
+                        dest="ssh_identity_file", default=None,
+                        help="the key mpirun's ssh uses")
     parser.add_argument("--start-timeout", dest="start_timeout", type=float,
                         default=None,
                         help="seconds for every rank to reach hvd.init() "

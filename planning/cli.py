@@ -168,7 +168,9 @@ def _add_system_options(g) -> None:
                    help="the system's network efficiency from the run's "
                    "measured sync (a --summary run on these links)")
     g.add_argument("--algorithm", choices=collectives.ALGORITHMS,
-                   default="auto")
+                   default="auto",
+                   help="the all-reduce's algorithm (auto: the faster of "
+                        "ring and tree at each size and node count)")
     g.add_argument("--fusion_mb", type=_number("fusion_mb", 0, unit="MB",
                                                low_open=True),
                    default=64.0, help="fused all-reduce buffer, MB")
@@ -221,7 +223,8 @@ def _add_target_options(g) -> None:
     g.add_argument("--target_efficiency", type=_number(
         "target_efficiency", 0, 1, low_open=True, high_open=True,
         unit="(a share)"),
-        default=0.9)
+        default=0.9,
+        help="the weak-scaling efficiency the NIC column is for (0.9)")
     g.add_argument("--target_steps", type=_number("target_steps", 0, unit="steps",
                                                   low_open=True),
                    help="steps the run's target took at --target_batch "

@@ -7,6 +7,7 @@ import ast
 import importlib
 import importlib.util
 import pathlib
+import re
 import runpy
 import subprocess
 import sys
@@ -87,7 +88,45 @@ def test_every_benchmark_answers_help(path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as done:
         runpy.run_module(f"benchmarks.{path.stem}", run_name="__main__")
     assert done.value.code in (0, None)
-    assert "usage:" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "usage:" in text
+    assert undescribed(text) == []
+
+
+def undescribed(help_text: str) -> list:
+    """The options argparse's `--help` lists with no words after them
+    (absl's flags always have theirs)."""
+    lines = help_text.splitlines()
+    bare = []
+    for i, line in enumerate(lines):
+        if not re.match(r"^  -", line) or re.match(r"^  -h, --help", line):
+            continue
+        said = re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        following = lines[i + 1] if i + 1 < len(lines) else ""
+        # (Options sit 2 spaces in; a description wrapped below, deeper.)
+        continued = re.match(r"^\s{6,}\S", following)
+        if len(said) < 2 and not continued:
+            bare.append(said[0])
+    return bare
+
+
+@pytest.mark.parametrize("module", ["launch.local", "launch.horovodrun",
+                                    "launch.gpu_check", "planning"])
+def test_every_command_line_tool_describes_every_flag(module):
+    done = subprocess.run([sys.executable, "-m", module, "--help"],
+                          capture_output=True, text=True, timeout=60,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert undescribed(done.stdout) == []
+
+
+def test_the_help_check_finds_a_flag_with_no_words():
+    import argparse
+    parser = argparse.ArgumentParser(prog="x")
+    parser.add_argument("--records")
+    parser.add_argument("--steps", type=int, help="steps to run")
+    parser.add_argument("--a_very_long_flag_name_indeed", help="wrapped")
+    assert undescribed(parser.format_help()) == ["--records RECORDS"]
 
 
 def test_the_check_finds_a_name_that_is_gone(tmp_path):

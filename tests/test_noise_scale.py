@@ -420,7 +420,12 @@ def test_the_closing_advice_is_the_studys_range_for_this_optimizer():
     lines = sentence.splitlines()
     assert ("B_simple 100 examples, 95% interval 80-125 (the last ~100 "
             "steps, at step 500)") in lines[0]
-    assert len(lines) <= 3 and "critical batch is about" not in sentence
+    assert len(lines) <= 4 and "critical batch is about" not in sentence
+    # What it measured, in words a newcomer reads.
+    assert lines[1] == ("  (Measured from the gradients of each step's "
+                        "micro-batches: about the batch past which a larger "
+                        "one stops cutting the steps to a given loss in "
+                        "proportion.)")
     found = noise_advice.STUDY_RANGES[("sgd", "plain")]
     lo, hi = 80.0 * found.low, 125.0 * found.high
     # Halving the batch: the steps grow the most for the largest B_noise.
@@ -434,8 +439,9 @@ def test_the_closing_advice_is_the_studys_range_for_this_optimizer():
     for optimizer, mode in (("adamw", "plain"), ("lamb", "preconditioned"),
                             ("adam", "plain"), (None, "plain")):
         other = closing(optimizer, mode).splitlines()
-        assert len(other) == 2 and "no study range for" in other[1], other
-        assert "x the steps" not in other[1]
+        assert len(other) == 3 and "no study range for" in other[2], other
+        assert "so no batch is advised" in other[2]
+        assert "x the steps" not in other[2]
     # Another window in examples than the study's: no range, and the
     # decay that would match it.
     other_window = closing(global_batch_size=1000)

@@ -105,6 +105,10 @@ def test_two_workers_loss_falls_checkpoints_once_and_resume(corpus, tmp_path):
     assert {"batch_loss", "batch_learning_rate", "batch_examples_per_second",
             "batch_sync", "batch_compute", "batch_worker1/compute"} <= tags
     assert output.count("tfscale run_pretraining done") == 1  # chief only
+    # The closing lines say where the numbers are.
+    assert (f"  numbers: {out}/summary.json (every log interval, each "
+            f"worker's time split); curves: tensorboard --logdir "
+            f"{out}/tensorboard") in output
     # Quiet: tfscale's lines, not TensorFlow's INFO per collective or per
     # checkpoint shard, and no abort line at a normal end.
     assert output.count("tfscale: saved checkpoint") == 4  # not twice at 40

@@ -2,6 +2,8 @@
 numerics, model, optimizer) and after it (loss, throughput, checkpoint,
 the noise scale's advice, AdaScale, evaluation)."""
 
+import os
+
 from tfscale.cluster import all_reduce_impl
 from tfscale.noise import advice as noise_advice
 from tfscale.cluster.environment import ClusterConfig
@@ -84,9 +86,11 @@ def numerics_line(train: TrainConfig, cluster: ClusterConfig,
                all_reduce or cluster.all_reduce_alg))
 
 
-def after(title: str, results: dict, unit: str = "examples") -> str:
+def after(title: str, results: dict, unit: str = "examples",
+          output_dir: str = None) -> str:
     """The lines a run prints at its end (loss, throughput, checkpoint,
-    evaluation)."""
+    evaluation, and where its numbers are: summary.json and TensorBoard in
+    `output_dir`)."""
     rows = results["intervals"]
     first = rows[0]["interval_loss"] if rows else float("nan")
     last = rows[-1]["interval_loss"] if rows else float("nan")
@@ -116,4 +120,9 @@ def after(title: str, results: dict, unit: str = "examples") -> str:
     if "eval" in results:
         lines.append("  eval " + ", ".join(
             f"{k} {v:.4f}" for k, v in results["eval"].items()))
+    if output_dir:
+        lines.append(
+            f"  numbers: {os.path.join(output_dir, 'summary.json')} (every "
+            "log interval, each worker's time split); curves: tensorboard "
+            f"--logdir {os.path.join(output_dir, 'tensorboard')}")
     return "\n".join(lines)

@@ -296,8 +296,8 @@ def run(task: Task) -> dict:
             write_atomically(os.path.join(config.output_dir, "summary.json"),
                              json.dumps(results, indent=2))
             if speaks:
-                print(job_lines.after(task.title, results, task.unit),
-                      flush=True)
+                print(job_lines.after(task.title, results, task.unit,
+                                      config.output_dir), flush=True)
         # Exit together, once the chief's files are written.
         trainer.leave_together()
     return results

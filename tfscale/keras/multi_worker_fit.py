@@ -40,6 +40,7 @@ preemption.
 
 import inspect
 import shutil
+import sys
 import tempfile
 
 import keras
@@ -82,6 +83,15 @@ def enable_multi_worker_fit() -> None:
                 info.cluster, ClusterConfig().heartbeat_timeout_seconds)
 
 
+def _on_terminal() -> bool:
+    """Whether this process's stdout is a terminal (a progress bar shows
+    as one)."""
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def _multi_worker_fit(fit, model, *args, **kwargs):
     """Runs Keras's `fit` with the additions above (on one worker: the
     atomic backups, the placement line, preemption)."""
@@ -104,6 +114,10 @@ def _multi_worker_fit(fit, model, *args, **kwargs):
             strategy, keras.mixed_precision.global_policy().name,
             getattr(model, "jit_compile", False)), flush=True)
         model._tfscale_placement_said = True
+    if arguments.get("verbose", "auto") == "auto" and not _on_terminal():
+        # A progress bar's carriage returns and escape codes, piped to a
+        # launcher or a log file, read as one run-on line: an epoch a line.
+        arguments["verbose"] = 2
     is_chief, num_workers = True, 1
     if strategy.num_replicas_in_sync > 1:
         # Several replicas, on one worker or many: the gradient math.

@@ -99,6 +99,9 @@ def closing_sentence(summary: Optional[dict], step: int) -> str:
             f"examples, 95% interval {_range(low, high)} (the last ~{window}"
             f" steps, at step {step}); this run's global batch {batch} is "
             f"{batch / b_simple:.2g}x it. It grows as the loss falls.\n"
+            "  (Measured from the gradients of each step's micro-batches: "
+            "about the batch past which a larger one stops cutting the "
+            "steps to a given loss in proportion.)\n"
             + _advice(summary, low, high, window))
 
 
@@ -112,8 +115,10 @@ def _advice(summary: dict, low: float, high: float, window: int) -> str:
     retune = "retune the learning rate at any new batch."
     if found is None:
         return (f"  critical batch: no study range for {optimizer} with the "
-                f"{mode} noise scale (docs/batch-size.md): B_simple alone "
-                f"prices no change of batch; {retune}")
+                f"{mode} noise scale: tfscale's studies have not measured "
+                "how far past B_simple a larger batch still pays with this "
+                "optimizer, so no batch is advised (docs/batch-size.md); "
+                f"{retune}")
     if not math.isfinite(high):
         return ("  critical batch: B_simple has no upper bound yet, so no "
                 f"change of batch is priced; {retune}")
