@@ -193,6 +193,18 @@ def _add_workload_options(g) -> None:
                    default=1.0,
                    help="multiplies the micro-batch's and the update's "
                    "time (the target GPU's time over the run's device's)")
+    g.add_argument("--compute_from", default=None,
+                   help="the system (a preset or .json) the step's compute "
+                   "was measured on (--micro_ms, --summary): carried to "
+                   "--system, its matmul share by the peaks' ratio, the "
+                   "rest by the memory bandwidths' (not with "
+                   "--compute_scale)")
+    g.add_argument("--matmul_share", type=_number("matmul_share", 0, 1,
+                                                  unit="(a share)"),
+                   default=systems.MATMUL_SHARE,
+                   help="with --compute_from: the share of the step's GPU "
+                   "time in matmuls (default %g: BERT-base bf16 measured on "
+                   "an H200)" % systems.MATMUL_SHARE)
     g.add_argument("--gradient_dtype", choices=sorted(DTYPE_BYTES),
                    help="on the wire (default: the run's, else float32)")
     g.add_argument("--update_ms", type=_number("update_ms", 0, unit="ms"),
@@ -263,6 +275,17 @@ def _check_args(args, system) -> None:
     if args.deadline and not args.gpu_hour_price:
         raise ValueError("--deadline needs --gpu_hour_price (the cheapest "
                          "count is by cost)")
+    if args.compute_from and args.compute_scale != 1.0:
+        raise ValueError("--compute_from and --compute_scale both move the "
+                         "compute: give one")
+
+
+def _compute_move(args, system) -> Optional[systems.ComputeMove]:
+    """--compute_from's move of the measured compute onto `system`."""
+    if not args.compute_from:
+        return None
+    return systems.ComputeMove(systems.load(args.compute_from), system,
+                               args.matmul_share)
 
 
 def _workload(args, system) -> tuple:
@@ -298,11 +321,14 @@ def _workload(args, system) -> tuple:
             and _other_device(facts, system):
         # Noise measured on another kind of device is not this system's.
         workload = dataclasses.replace(workload, jitter=0.0)
-    if args.compute_scale != 1.0:
+    move = _compute_move(args, system)
+    scale, update_scale = ((move.ratio, move.bandwidth_ratio) if move else
+                           (args.compute_scale, args.compute_scale))
+    if scale != 1.0:
         workload = dataclasses.replace(
-            workload, micro_seconds=workload.micro_seconds * args.compute_scale,
+            workload, micro_seconds=workload.micro_seconds * scale,
             update_seconds=(None if workload.update_seconds is None else
-                            workload.update_seconds * args.compute_scale))
+                            workload.update_seconds * update_scale))
     return workload, _target(args, facts), facts
 
 
@@ -506,6 +532,7 @@ def measured_run_notes(workload, system, facts, args) -> List[str]:
             f"{facts.host_load[0]:.1f} on {facts.host_load[1]} cores at its "
             "end): its timings hold other work")
     if (facts.device == "cpu" and args.compute_scale == 1.0
+            and not args.compute_from
             and "CPU" not in system.gpu.upper()):
         lines.append(
             f"warning: the run's compute was measured on a CPU (its "
@@ -706,14 +733,20 @@ def main(argv=None) -> int:
         if args.measured:
             workload, system, calibration = _calibrated(args, workload,
                                                         system, plan)
+        move = _compute_move(args, system)
+        spread = projection.Uncertainty(compute_range=(
+            move.band[0] / move.ratio, move.band[1] / move.ratio)
+            if move else (1.0, 1.0))
         rows = projection.project(workload, system, args.gpus, plan,
-                                  args.target_efficiency, target)
+                                  args.target_efficiency, target, spread)
         if args.gpu_hour_price and target is not None:
             add_costs(rows, args.gpu_hour_price)
     except (ValueError, OSError) as e:
         print(f"tfscale-plan: error: {e}", file=sys.stderr)
         return 2
     header = assumptions(workload, system, plan, facts, args) + calibration
+    if move:
+        header.append(move.describe())
     if link:
         header.append(f"link measured ({args.link}): {1e6 * link[0]:.0f} us "
                       f"an all-reduce of {link[2]} ranks, bus bandwidth "

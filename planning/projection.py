@@ -176,13 +176,17 @@ class Uncertainty:
     compute: float = 0.03
     network: float = 0.2
     jitter_factor: float = 2.0
+    # The compute's own band as factors of its value (a compute moved from
+    # another system: `systems.ComputeMove`), beyond `compute` either way.
+    compute_range: Tuple[float, float] = (1.0, 1.0)
 
 
 def corners(workload: Workload, system: System, spread: Uncertainty):
     """(pessimistic, optimistic) workload and system."""
     def shifted(sign):
+        factor = spread.compute_range[1 if sign > 0 else 0]
         w = dataclasses.replace(
-            workload, micro_seconds=workload.micro_seconds
+            workload, micro_seconds=workload.micro_seconds * factor
             * (1 + sign * spread.compute),
             jitter=workload.jitter * spread.jitter_factor ** sign)
         s = dataclasses.replace(

@@ -160,3 +160,50 @@ def with_link(system: System, latency: float, bus_bandwidth: float,
         system, name=f"{system.name} (link measured)",
         nic_bandwidth=bus_bandwidth, nics_per_node=1, network_efficiency=1.0,
         nic_latency=max(0.0, latency - system.base_latency) / (2 * ranks))
+
+
+# The matmul share of a transformer step's GPU time, measured: BERT-base,
+# bf16, one XLA program a step on an H200, cuBLAS GEMMs 49% of kernel time
+# (benchmarks/README.md, "BERT on one GPU", 2026-11-27).
+MATMUL_SHARE = 0.49
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeMove:
+    """A step's compute measured on one system, carried to another: its
+    matmul share scales by the peaks' ratio, the rest by the memory
+    bandwidths'; the band spans all of it one way or the other."""
+    source: System
+    target: System
+    matmul_share: float
+
+    @property
+    def flops_ratio(self) -> float:
+        return self.source.peak_tflops / self.target.peak_tflops
+
+    @property
+    def bandwidth_ratio(self) -> float:
+        return self.source.memory_bandwidth / self.target.memory_bandwidth
+
+    @property
+    def ratio(self) -> float:
+        """Target time over source time."""
+        return (self.matmul_share * self.flops_ratio
+                + (1 - self.matmul_share) * self.bandwidth_ratio)
+
+    @property
+    def band(self) -> tuple:
+        return (min(self.flops_ratio, self.bandwidth_ratio),
+                max(self.flops_ratio, self.bandwidth_ratio))
+
+    def describe(self) -> str:
+        low, high = self.band
+        return (f"compute moved from {self.source.name} ({self.source.gpu})"
+                f" to {self.target.name}: {self.matmul_share:.0%} matmul "
+                f"(peak {self.source.peak_tflops:g} -> "
+                f"{self.target.peak_tflops:g} TFLOP/s), "
+                f"{1 - self.matmul_share:.0%} memory-bound (bandwidth "
+                f"{self.source.memory_bandwidth / 1e12:.3g} -> "
+                f"{self.target.memory_bandwidth / 1e12:.3g} TB/s): time "
+                f"x{self.ratio:.3g} (band x{low:.3g}-x{high:.3g}: all "
+                "matmul, all memory-bound); the update by the bandwidths")
