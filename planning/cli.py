@@ -255,6 +255,11 @@ def _add_target_options(g) -> None:
     g.add_argument("--deadline", type=_number("deadline", 0, low_open=True, unit="hours"),
                    help="hours: the cheapest GPU count that reaches the "
                    "target within them")
+    g.add_argument("--vary_batch", action="store_true",
+                   help="time each row to the target at its own global "
+                   "batch (GPUs x the batch a GPU), through the noise "
+                   "scale; default: at --target_batch, split over the "
+                   "row's GPUs where it divides (no noise scale needed)")
 
 
 def _check_args(args, system) -> None:
@@ -355,6 +360,12 @@ def _summary(path: str):
         raise ValueError(f"--summary {path}: {message}") from None
 
 
+# The band of a noise scale a user typed rather than a run measured: this
+# factor either way (tfscale's own measurements of B_simple against the
+# critical batch span 1.5-10x, docs/batch-size.md).
+UNMEASURED_NOISE = 3.0
+
+
 def _target(args, facts) -> Optional[projection.Target]:
     noise = args.noise_scale or (facts.noise_scale if facts else None)
     if noise is None and (args.target_steps or args.target_batch):
@@ -372,8 +383,11 @@ def _target(args, facts) -> Optional[projection.Target]:
                              "--noise_scale with --target_steps and "
                              "--target_batch (or a --summary that has them)")
         return None
-    interval = (facts.noise_interval if facts and facts.noise_interval
-                else (noise, noise))
+    if facts and facts.noise_interval and not args.noise_scale:
+        interval = facts.noise_interval  # the run measured it
+    else:
+        # Given, not measured: a factor either way (`UNMEASURED_NOISE`).
+        interval = (noise / UNMEASURED_NOISE, noise * UNMEASURED_NOISE)
     if args.noise_interval:
         try:
             low, high = args.noise_interval.split(",")
@@ -501,7 +515,10 @@ def assumptions(workload, system, plan, facts, args) -> List[str]:
         f"band: compute +-{spread.compute:.0%}, network efficiency "
         f"+-{spread.network:.0%}, jitter x or / {spread.jitter_factor:g}"
         + (", the noise scale's interval" if args.noise_scale or (
-            facts and facts.noise_scale) else "")]
+            facts and facts.noise_scale) else "")
+        + (f" (--noise_scale {args.noise_scale:g} was given, not measured:"
+           f" x or / {UNMEASURED_NOISE:g}, unless --noise_interval)"
+           if args.noise_scale and not args.noise_interval else "")]
     if args.gpu_hour_price:
         lines.append(f"cost: GPUs x hours to the target x "
                      f"{args.gpu_hour_price:g} a GPU-hour "
@@ -630,6 +647,8 @@ def table(rows, target) -> str:
             a, b = r["time_to_target_band"]
             line += (f"  {_duration(r['time_to_target'])} "
                      f"({_duration(a)}-{_duration(b)})")
+            line += (f" at {r['target_split']}" if "target_split" in r
+                     else f" at batch {r['global_batch']}")
         if r.get("cost_to_target") is not None:
             line += f"  {r['cost_to_target']:,.0f}"
         lines.append(line)
@@ -738,7 +757,8 @@ def main(argv=None) -> int:
             move.band[0] / move.ratio, move.band[1] / move.ratio)
             if move else (1.0, 1.0))
         rows = projection.project(workload, system, args.gpus, plan,
-                                  args.target_efficiency, target, spread)
+                                  args.target_efficiency, target, spread,
+                                  hold_batch=not args.vary_batch)
         if args.gpu_hour_price and target is not None:
             add_costs(rows, args.gpu_hour_price)
     except (ValueError, OSError) as e:

@@ -221,10 +221,15 @@ class Target:
 def project(workload: Workload, system: System, gpu_counts: Sequence[int],
             plan: Plan = Plan(), target_efficiency: float = 0.9,
             target: Optional[Target] = None,
-            spread: Uncertainty = Uncertainty()) -> List[dict]:
+            spread: Uncertainty = Uncertainty(),
+            hold_batch: bool = True) -> List[dict]:
     """One row per GPU count: the split, throughput (with its band), weak
     and strong efficiency, the network the target efficiency needs, the
-    dominant term, and the time to `target` (with its band)."""
+    dominant term, and the time to `target` (with its band): at the
+    target's own global batch where it splits into whole examples on the
+    row's GPUs (`hold_batch`: fewer micro-batches, then smaller ones, no
+    noise scale needed), else at the row's batch through the noise
+    scale."""
     (low_w, low_s), (high_w, high_s) = corners(workload, system, spread)
     reference = dataclasses.replace(
         plan, framework=frameworks.PRESETS[frameworks.REFERENCE])
@@ -258,13 +263,32 @@ def project(workload: Workload, system: System, gpu_counts: Sequence[int],
                    (t for t in TERMS if t != "compute"), key=split.get),
                "needed_nic_bandwidth": needed_network(
                    workload, system, gpus, target_efficiency, plan)}
-        if target is not None:
+        held = (strong_workload(workload, target.global_batch, gpus)
+                if target is not None and hold_batch else None)
+        if held is not None:
+            row.update(_held_times(held, system, gpus, plan, spread, target))
+        elif target is not None:
             row.update(_target_times(row, target, step,
                                      step_seconds(low_w, low_s, gpus, plan),
                                      step_seconds(high_w, high_s, gpus,
                                                   plan)))
         rows.append(row)
     return rows
+
+
+def _held_times(held: Workload, system: System, gpus: int, plan: Plan,
+                spread: Uncertainty, target: Target) -> dict:
+    """The time to `target` at its own global batch on `gpus` GPUs (the
+    `held` workload: `strong_workload`): its steps, no noise scale."""
+    (low_w, low_s), (high_w, high_s) = corners(held, system, spread)
+    band = sorted(target.steps * step_seconds(w, s, gpus, plan)
+                  for w, s in ((low_w, low_s), (high_w, high_s)))
+    return {"time_to_target": target.steps * step_seconds(held, system,
+                                                          gpus, plan),
+            "time_to_target_band": band,
+            "target_split": (f"batch {target.global_batch} = "
+                             f"{held.micro_batch} x {held.accumulation} a "
+                             "GPU")}
 
 
 def _target_times(row, target: Target, step, slow, fast) -> dict:

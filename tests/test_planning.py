@@ -567,23 +567,53 @@ def test_a_gpu_nobody_measured_gets_its_compute_from_peak_and_bandwidth(
     assert "give one" in capsys.readouterr().err
 
 
+def test_a_noise_scale_typed_not_measured_widens_the_band_a_factor_3(
+        capsys):
+    args = WORK + ["--system", "dgx-h100", "--gpus", "8,64",
+                   "--noise_scale", "2000", "--target_steps", "20000",
+                   "--target_batch", "256", "--vary_batch", "--json"]
+    assert cli.main(args) == 0
+    typed = json.loads(capsys.readouterr().out)
+    assert any("--noise_scale 2000 was given, not measured: x or / 3" in line
+               for line in typed["assumptions"])
+    assert cli.main(args + ["--noise_interval", f"{2000 / 3},6000"]) == 0
+    stated = json.loads(capsys.readouterr().out)
+    for a, b in zip(typed["rows"], stated["rows"]):
+        assert a["time_to_target_band"] == pytest.approx(
+            b["time_to_target_band"])
+    low, high = typed["rows"][1]["time_to_target_band"]
+    assert high / low > 1.5  # before: the step's spread alone (~1.06)
+
+
 def test_the_targets_own_batch_needs_no_noise_scale(capsys):
     # 32 examples a GPU: 8 GPUs train at the target's batch 256; the other
     # rows' steps would rest on a noise scale nobody measured. Before: the
     # whole command was refused without --noise_scale.
-    args = WORK + ["--system", "dgx-h100", "--gpus", "8,64",
+    args = WORK + ["--system", "dgx-h100", "--gpus", "8,64,512",
                    "--target_steps", "20000", "--target_batch", "256",
                    "--gpu_hour_price", "2.5"]
     assert cli.main(args + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert rows[0]["time_to_target"] == pytest.approx(
         20000 * rows[0]["step_seconds"])
-    assert rows[1]["time_to_target"] is None
-    assert rows[1]["cost_to_target"] is None
+    # The default holds the target's global batch: 64 GPUs take 4
+    # examples each (micro-batches of 4), still 20,000 steps.
+    assert rows[1]["target_split"] == "batch 256 = 4 x 1 a GPU"
+    assert rows[1]["time_to_target"] < rows[0]["time_to_target"]
+    # 512 GPUs cannot split 256 examples: that row needs a noise scale.
+    assert rows[2]["time_to_target"] is None
+    assert rows[2]["cost_to_target"] is None
     assert cli.main(args + ["--deadline", "100"]) == 0
     printed = capsys.readouterr().out
-    assert "needs --noise_scale (batch 2048, not the target's 256)" in printed
-    assert "cheapest within 100 h: 8 GPUs" in printed
+    assert " at batch 256 = 4 x 1 a GPU" in printed
+    assert "needs --noise_scale (batch 16384, not the target's 256)" in \
+        printed
+    # Asked to vary the batch: every other batch needs the noise scale.
+    assert cli.main(args + ["--vary_batch", "--json"]) == 0
+    varied = json.loads(capsys.readouterr().out)["rows"]
+    assert varied[0]["time_to_target"] == pytest.approx(
+        rows[0]["time_to_target"])
+    assert [r["time_to_target"] for r in varied[1:]] == [None, None]
 
 
 def test_a_cheapest_count_that_rests_on_the_noise_scale_says_so(capsys):
@@ -592,7 +622,7 @@ def test_a_cheapest_count_that_rests_on_the_noise_scale_says_so(capsys):
     args = WORK + ["--system", "dgx-h100", "--gpus", "8,64,512",
                    "--noise_scale", "2000", "--noise_interval", "200,inf",
                    "--target_steps", "20000", "--target_batch", "256",
-                   "--gpu_hour_price", "2.5"]
+                   "--gpu_hour_price", "2.5", "--vary_batch"]
     assert cli.main(args + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     # A deadline 8 GPUs meet at the band's fast end and miss at its slow
