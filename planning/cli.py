@@ -727,6 +727,20 @@ def _time_to_train(args) -> int:
     return 0
 
 
+def _rows(args, workload, system, plan, target, move) -> list:
+    """The table's rows (`projection.project`), their band widened by a
+    compute carried from another system, their costs."""
+    spread = projection.Uncertainty(compute_range=(
+        move.band[0] / move.ratio, move.band[1] / move.ratio)
+        if move else (1.0, 1.0))
+    rows = projection.project(workload, system, args.gpus, plan,
+                              args.target_efficiency, target, spread,
+                              hold_batch=not args.vary_batch)
+    if args.gpu_hour_price and target is not None:
+        add_costs(rows, args.gpu_hour_price)
+    return rows
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.results:
@@ -753,14 +767,7 @@ def main(argv=None) -> int:
             workload, system, calibration = _calibrated(args, workload,
                                                         system, plan)
         move = _compute_move(args, system)
-        spread = projection.Uncertainty(compute_range=(
-            move.band[0] / move.ratio, move.band[1] / move.ratio)
-            if move else (1.0, 1.0))
-        rows = projection.project(workload, system, args.gpus, plan,
-                                  args.target_efficiency, target, spread,
-                                  hold_batch=not args.vary_batch)
-        if args.gpu_hour_price and target is not None:
-            add_costs(rows, args.gpu_hour_price)
+        rows = _rows(args, workload, system, plan, target, move)
     except (ValueError, OSError) as e:
         print(f"tfscale-plan: error: {e}", file=sys.stderr)
         return 2
