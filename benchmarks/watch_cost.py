@@ -40,14 +40,15 @@ def time_beats(count: int) -> float:
     return statistics.median(runs)
 
 
-def worker(gathers: int, out: str) -> None:
+def worker(gathers: int, out: str, backend: str) -> None:
     """One worker: times gathers and agrees; the chief writes them."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from tfscale.cluster import collectives, environment, strategies
     from tfscale.trainer.peers import FIELDS
-    info = environment.resolve_cluster()
-    strategy = strategies.make_strategy(info, environment.ClusterConfig())
-    group = collectives.make("mwms", strategy)
+    info = environment.resolve_cluster(backend=backend)
+    strategy = strategies.make_strategy(
+        info, environment.ClusterConfig(backend=backend))
+    group = collectives.make(backend, strategy)
     numbers = json.dumps({**{f: 0.012345 for f in FIELDS},
                           "timed_steps": 4, "host": "node0000"})
     times = {"gather": [], "agree": []}
@@ -76,17 +77,21 @@ def main(argv=None) -> None:
     p.add_argument("--log_steps", type=int, default=100,
                    help="steps a log interval (the jobs' default): one "
                         "gather each")
+    p.add_argument("--backend", default="mwms", choices=["mwms", "mpi"],
+                   help="mwms: the gather through the coordination "
+                        "service's key-value store; mpi: one MPI_Gather")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        return worker(args.gathers, args.worker)
+        return worker(args.gathers, args.worker, args.backend)
     os.makedirs(args.output_dir, exist_ok=True)
     beat_us = time_beats(args.beats)
     raw = os.path.join(args.output_dir, "gathers.json")
     subprocess.run([sys.executable, "-m", "launch.local", "--num_workers",
-                    "2", "--threads_per_worker", "1", "--", sys.executable,
-                    "-m", "benchmarks.watch_cost", "--gathers",
-                    str(args.gathers), "--worker", raw], check=True)
+                    "2", "--threads_per_worker", "1", "--backend",
+                    args.backend, "--", sys.executable, "-m",
+                    "benchmarks.watch_cost", "--gathers", str(args.gathers),
+                    "--backend", args.backend, "--worker", raw], check=True)
     with open(raw) as f:
         times = json.load(f)
     steady = {k: v[len(v) // 10:] for k, v in times.items()}  # warm-up out
@@ -100,18 +105,21 @@ def main(argv=None) -> None:
             int(0.9 * len(steady["gather"]))],
         "agree_ms": agree_ms,
         "gather_us_per_step": 1000 * gather_ms / args.log_steps,
-        "log_steps": args.log_steps, "gathers": args.gathers}
+        "log_steps": args.log_steps, "gathers": args.gathers,
+        "backend": args.backend}
     with open(os.path.join(args.output_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=2)
     report = (
         "| what | cost |\n|---|---|\n"
         f"| heartbeat | {beat_us:.1f} us a beat, {2 * beat_us:.1f} us a "
         "call of the step |\n"
-        f"| gather of 2 workers' numbers (chief, median) | {gather_ms:.2f} ms "
-        f"an interval (p90 {results['gather_ms_p90']:.2f}), "
-        f"{results['gather_us_per_step']:.1f} us a step at {args.log_steps} "
+        f"| gather of 2 workers' numbers ({args.backend}; the chief, "
+        f"median) | {1000 * gather_ms:.1f} us "
+        f"an interval (p90 {1000 * results['gather_ms_p90']:.1f}), "
+        f"{results['gather_us_per_step']:.2f} us a step at {args.log_steps} "
         "steps an interval |\n"
-        f"| for scale: a one-float all-reduce (`agree`) | {agree_ms:.2f} ms |\n")
+        f"| for scale: a one-float all-reduce (`agree`) | "
+        f"{1000 * agree_ms:.1f} us |\n")
     with open(os.path.join(args.output_dir, "report.md"), "w") as f:
         f.write(report)
     print(report)
