@@ -25,6 +25,10 @@ global batch ends.
   - Fewer than `min_np` slots: the launcher waits `timeout_seconds` for
     hosts, polling, then ends, naming what is missing.
 
+On one host (`launch.local --min_workers`, `local_slots`) the slots are
+the workers' (each its port and its GPUs): a worker that keeps failing in
+its slot (a GPU gone bad) is left out and the job goes on with the others.
+
 Never imports TensorFlow.
 """
 
@@ -54,6 +58,7 @@ class ElasticConfig:
     timeout_seconds: float = 600.0
     host_failures: int = 2
     script_seconds: float = 30.0
+    min_flag: str = "--min-np"  # how the line names the minimum
 
     def __post_init__(self):
         if not 1 <= self.min_np <= self.max_np:
@@ -106,7 +111,29 @@ class Elastic:
     and `mpirun_args(hosts)`, the mpirun options for an attempt's hosts."""
 
     membership: "Membership"
-    mpirun_args: Callable[[Hosts], List[str]]
+    # The mpirun options for an attempt's hosts (None: launch.local's own
+    # worker slots, `local_slots`).
+    mpirun_args: Optional[Callable[[Hosts], List[str]]]
+
+
+def local_slots(num_workers: int, min_workers: int,
+                host_failures: int = 2) -> Elastic:
+    """`launch.local --min_workers`: the host's `num_workers` worker
+    slots ("slot0", ... each with its port and GPUs), a slot whose worker
+    failed `host_failures` times left out, never fewer than `min_workers`
+    (no waiting: one host has no other slots to offer)."""
+    slots = [(f"slot{i}", 1) for i in range(num_workers)]
+    config = ElasticConfig(min_workers, num_workers,
+                           discovery_script="launch.local's worker slots",
+                           timeout_seconds=0.0, host_failures=host_failures,
+                           min_flag="--min_workers")
+    return Elastic(Membership(config, find=lambda: list(slots)),
+                   mpirun_args=None)
+
+
+def slot_indexes(hosts: Hosts) -> List[int]:
+    """The worker slots of `local_slots` hosts: "slot3" -> 3."""
+    return [int(host[len("slot"):]) for host, _ in hosts]
 
 
 def words(hosts: Sequence[Tuple[str, int]]) -> str:
@@ -225,7 +252,8 @@ class Membership:
     def too_few(self) -> str:
         """Why no attempt can start: the slots found and those left out."""
         left_out = self.excluded()
-        return (f"fewer than --min-np {self.config.min_np} slots for "
+        return (f"fewer than {self.config.min_flag} {self.config.min_np} "
+                f"slots for "
                 f"{self.config.timeout_seconds:g} s (found: "
                 f"{words(self.hosts)}" +
                 (f"; left out after failing: {', '.join(left_out)}"

@@ -37,6 +37,7 @@ import time
 from typing import List, Mapping, Optional, Sequence
 
 from launch import children, gpus, hangs, mpi_ranks, outcome, ports, workers
+from launch.elastic import slot_indexes
 from tfscale.cluster.contract import (CONFIG_ERROR_EXIT_CODE,
                                       HEARTBEAT_DIR_ENV, HUNG_EXIT_CODE,
                                       PREEMPTED_EXIT_CODE,
@@ -128,6 +129,9 @@ class LaunchConfig:
     hang_floor_seconds: float = 180.0
     hang_ceiling_seconds: float = 1800.0
     hang_factor: float = 10.0
+    # Elastic on one host: a worker slot that failed twice is left out, the
+    # job restarted on the others while at least this many (None: no).
+    min_workers: Optional[int] = None
     # Every worker on this host writes to the launcher's heartbeat folder
     # (False: ranks on other hosts, which cannot; then no hang watch).
     watch_heartbeats: bool = True
@@ -141,6 +145,14 @@ class LaunchConfig:
         if self.gpus_per_worker is not None and self.gpus_per_worker < 0:
             raise ValueError(f"--gpus_per_worker must be >= 0, got "
                              f"{self.gpus_per_worker}")
+        if self.min_workers is not None and not (
+                1 <= self.min_workers <= self.num_workers):
+            raise ValueError(f"--min_workers must be between 1 and "
+                             f"--num_workers ({self.num_workers}), got "
+                             f"{self.min_workers}")
+        if self.min_workers is not None and self.backend != "mwms":
+            raise ValueError("--min_workers: MultiWorkerMirroredStrategy's "
+                             "workers only (MPI ranks: tfscale-run --min-np)")
         if not 1 <= self.hang_factor <= 1000:
             raise ValueError(f"--hang_factor must be between 1 and 1000, got "
                              f"{self.hang_factor}")
@@ -213,13 +225,17 @@ def run(command: Sequence[str], num_workers: int, *,
 
     # The ports are held until the launcher leaves (`launch/ports.py`);
     # every attempt's workers listen on the same ones.
+    if elastic is None and config.min_workers is not None:
+        from launch.elastic import local_slots
+        elastic = local_slots(config.num_workers, config.min_workers)
     held = contextlib.ExitStack()
     previous = {s: signal.signal(s, on_signal)
                 for s in (signal.SIGINT, signal.SIGTERM)}
     service = None
     try:
         watch = None
-        if config.watch_heartbeats and elastic is None:
+        if config.watch_heartbeats and (elastic is None
+                                        or elastic.mpirun_args is None):
             folder = held.enter_context(tempfile.TemporaryDirectory(
                 prefix="tfscale-heartbeats-"))
             base_env[HEARTBEAT_DIR_ENV] = folder
@@ -305,9 +321,13 @@ def _starter(config: LaunchConfig, command, base_env, out, worker_ports,
 
     def start():
         worker_ports[:] = usable_ports(config, worker_ports, out, lease)
+        # Elastic on one host: the slots left, each its port and GPUs.
+        slots = (slot_indexes(elastic.membership.hosts) if elastic else
+                 range(config.num_workers))
         return workers.ProcessGroup(
-            worker_specs(command, config.num_workers, worker_ports, base_env,
-                         config.host, config.threads_per_worker, gpu_sets),
+            worker_specs(command, len(slots), [worker_ports[i] for i in slots],
+                         base_env, config.host, config.threads_per_worker,
+                         gpu_sets and [gpu_sets[i] for i in slots]),
             out)
     return start
 
@@ -667,6 +687,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1",
                         help="the address every worker's TF_CONFIG names "
                              "(default: 127.0.0.1)")
+    parser.add_argument("--min_workers", type=int, default=None,
+                        help="elastic on this host: a worker slot (its "
+                        "port, its GPUs) whose worker failed twice is left "
+                        "out and the job restarts on the others, from the "
+                        "last checkpoint at its global batch (the jobs' "
+                        "--micro_batch_size), while at least this many are "
+                        "left (default: none left out)")
     parser.add_argument("--max_restarts", type=int, default=0,
                         help="times to start all workers again after one "
                              "fails; the Trainer resumes from the latest "
@@ -789,7 +816,7 @@ def parse_args(argv: Sequence[str]):
             max_backoff_seconds=args.max_backoff_seconds,
             hang_floor_seconds=args.hang_floor_seconds,
             hang_ceiling_seconds=args.hang_ceiling_seconds,
-            hang_factor=args.hang_factor)
+            hang_factor=args.hang_factor, min_workers=args.min_workers)
     except ValueError as e:
         parser.error(str(e))
     return args

@@ -2,6 +2,8 @@
 flags; the run itself, 3 -> 2 -> 3 hosts, is in test_hosts.py."""
 
 import io
+import os
+import re
 import sys
 
 import pytest
@@ -190,3 +192,62 @@ def test_a_failing_discovery_script_ends_tfscale_run_in_one_line(
     assert code == 2
     assert capsys.readouterr().err.strip() == (
         f"tfscale-run: error: --host-discovery-script {script} exited 4")
+
+
+# Worker slot 2 (its port, launch.local --port P: P + 2) always fails, as
+# a worker on a GPU gone bad would; the others finish.
+BAD_SLOT = ("import json, os, sys, time\n"
+            "me = json.loads(os.environ['TF_CONFIG'])\n"
+            "port = int(me['cluster']['worker'][me['task']['index']]"
+            ".rsplit(':', 1)[1])\n"
+            "print('slot port', port, flush=True)\n"
+            "time.sleep(0.3)\n"
+            "sys.exit(5 if port == int(sys.argv[1]) + 2 else 0)\n")
+
+
+def test_one_host_leaves_out_a_slot_that_keeps_failing(tmp_path):
+    from launch import ports
+    from tests.test_launch import launch
+    base = 30000 + os.getpid() % 20000  # three free ports from there
+    while ports.taken([base, base + 1, base + 2]):
+        base += 3
+    code, output = launch(
+        ["--num_workers", "3", "--min_workers", "2", "--port", str(base),
+         "--max_restarts", "3", "--restart_backoff_seconds", "0",
+         "--", sys.executable, "-c", BAD_SLOT, str(base), str(tmp_path)],
+        timeout=120)
+    assert code == 0, output
+    lines = [line for line in output.splitlines()
+             if line.startswith("[launcher]")]
+    assert "[launcher] elastic: slot2 has failed 1 time(s)" in lines
+    assert ("[launcher] elastic: slot2 has failed 2 time(s): left out from "
+            "now on") in lines
+    assert ("[launcher] elastic: 2 workers on slot0:1,slot1:1 (slot2 left "
+            "out after failing): from the last whole checkpoint, at the "
+            "job's global batch (its banner says the split)") in lines
+    # The slots left keep their ports.
+    last = output.split("slot2 left out after failing")[1]
+    assert sorted(set(re.findall(r"slot port (\d+)", last))) == [
+        str(base), str(base + 1)]
+    assert lines[-1] == "[launcher] exit 0: every worker finished"
+
+
+def test_below_min_workers_the_job_ends_naming_the_slots(tmp_path):
+    from tests.test_launch import launch
+    code, output = launch(
+        ["--num_workers", "2", "--min_workers", "2", "--max_restarts", "3",
+         "--restart_backoff_seconds", "0", "--", sys.executable, "-c",
+         "import os, sys; sys.exit(7 if os.environ['TFSCALE_WORKER_INDEX']"
+         " == '1' else 0)", str(tmp_path)], timeout=120)
+    assert code == 7, output
+    assert output.rstrip().splitlines()[-1] == (
+        "[launcher] exit 7: fewer than --min_workers 2 slots for 0 s "
+        "(found: slot0:1; left out after failing: slot1)")
+
+
+def test_min_workers_is_checked():
+    with pytest.raises(ValueError, match="--min_workers must be between 1 "
+                       "and --num_workers"):
+        local.LaunchConfig(2, min_workers=3)
+    with pytest.raises(ValueError, match="tfscale-run --min-np"):
+        local.LaunchConfig(2, min_workers=1, backend="mpi")
