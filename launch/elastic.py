@@ -67,6 +67,12 @@ class ElasticConfig:
         if self.slots_per_host < 1 or self.host_failures < 1:
             raise ValueError("--slots-per-host and --host-failures must be "
                              ">= 1")
+        if not 0.01 <= self.poll_seconds <= 3600:
+            raise ValueError("--discovery-interval must be between 0.01 and "
+                             f"3600 seconds, got {self.poll_seconds:g}")
+        if not 0 <= self.timeout_seconds <= 7 * 86400:
+            raise ValueError("--elastic-timeout must be between 0 and 7 days "
+                             f"in seconds, got {self.timeout_seconds:g}")
 
 
 def parse_hosts(text: str, slots_per_host: int, script: str) -> Hosts:

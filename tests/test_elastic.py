@@ -164,7 +164,7 @@ def test_the_launcher_restarts_on_the_hosts_left_and_ends_below_the_minimum():
     assert code == 9
 
 
-def test_tfscale_run_takes_horovods_elastic_flags():
+def test_tfscale_run_takes_horovods_elastic_flags(capsys):
     args = horovodrun.parse_args([
         "--min-np", "2", "--max-np", "4", "--host-discovery-script",
         "./hosts.sh", "--slots", "2", "--reset-limit", "3", "python", "t.py"])
@@ -176,9 +176,14 @@ def test_tfscale_run_takes_horovods_elastic_flags():
             (["--host-discovery-script", "h", "-H", "a:1", "-np", "1"],
              "no -H or --hostfile"),
             (["--host-discovery-script", "h", "--min-np", "3",
-              "--max-np", "2"], "need 1 <= min <= max")]:
+              "--max-np", "2"], "need 1 <= min <= max"),
+            (["--host-discovery-script", "h", "--min-np", "1",
+              "--discovery-interval", "-1"], "--discovery-interval"),
+            (["--host-discovery-script", "h", "--min-np", "1",
+              "--elastic-timeout", "nan"], "--elastic-timeout")]:
         with pytest.raises(SystemExit):
             horovodrun.parse_args([*argv, "python", "t.py"])
+        assert message in capsys.readouterr().err, message
 
 
 def test_a_failing_discovery_script_ends_tfscale_run_in_one_line(
