@@ -367,10 +367,18 @@ def _supervise(config: LaunchConfig, start, interrupted, out,
     launcher's last line (`_close`). `watch`: the workers' heartbeats
     (`hangs.HangWatch`), or None; `elastic`: an `elastic.Elastic`, or
     None. A move to another host set (elastic) is not a restart."""
-    restarts, code = 0, 1
+    # The code the job ends with when too few hosts are left: the last
+    # attempt's (a failure's, or 143 after a move that saved); before any
+    # attempt, CONFIG_ERROR_EXIT_CODE (no worker ran: nothing to resume).
+    restarts, code = 0, CONFIG_ERROR_EXIT_CODE
     while True:
         if elastic is not None and not _elastic_hosts(elastic, interrupted,
                                                       out):
+            if interrupted:
+                return _close(out, 128 + int(interrupted[0]), (
+                    f"{signal.Signals(interrupted[0]).name} while waiting "
+                    "for hosts: no worker was running; the latest "
+                    "checkpoint stands"))
             return _close(out, code, elastic.membership.too_few())
         if watch is not None:
             watch.reset()
@@ -388,6 +396,8 @@ def _supervise(config: LaunchConfig, start, interrupted, out,
             ended = _move(config, group, failure, out)
             if ended is not None:
                 return _close(out, *ended)
+            code = (PREEMPTED_EXIT_CODE if workers.reported_checkpoint(group)
+                    else children.shell_code(_last_code(group)))
             continue
         code, verdict, again = _attempt_outcome(config, group, failure, out)
         if elastic is not None and again:
@@ -407,6 +417,14 @@ def _supervise(config: LaunchConfig, start, interrupted, out,
                           "the restart: no worker was running; the latest "
                           "checkpoint stands")
         restarts += 1
+
+
+def _last_code(group) -> int:
+    """The highest exit code of a stopped attempt's workers (SLURM's rule
+    for a step), 1 when none said one."""
+    codes = ([p.returncode for p in group.procs] if hasattr(group, "procs")
+             else [group.proc.returncode])
+    return max((c for c in codes if c), default=1, key=abs)
 
 
 def _restart_wait(config: LaunchConfig, restarts: int, failure, code: int,

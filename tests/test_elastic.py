@@ -256,3 +256,109 @@ def test_min_workers_is_checked():
         local.LaunchConfig(2, min_workers=3)
     with pytest.raises(ValueError, match="tfscale-run --min-np"):
         local.LaunchConfig(2, min_workers=1, backend="mpi")
+
+
+class Proc:
+    def __init__(self, returncode):
+        self.returncode = returncode
+
+
+class MovingGroup(FakeGroup):
+    """An attempt that trains until the launcher stops it, then shows
+    `codes` and the checkpoints its workers reported."""
+
+    def __init__(self, codes, checkpoints=()):
+        super().__init__(None)
+        self.procs = [Proc(None) for _ in codes]
+        self._codes, self.checkpoints = codes, list(checkpoints)
+        self.stopped = False
+
+    def all_done(self):
+        return self.stopped
+
+    def stop(self, grace_seconds, sig=None, hurry=None):
+        self.stopped = True
+        for proc, code in zip(self.procs, self._codes):
+            proc.returncode = code
+        return []
+
+
+def moving(findings, groups, tmp_path, interrupted=()):
+    """Runs the supervisor over hosts found in turn (`findings`: each
+    discovery's answer, the last repeated) and attempts (`groups`);
+    (exit code, the launcher's lines)."""
+    calls = []
+
+    def find():
+        calls.append(1)
+        return list(findings[min(len(calls) - 1, len(findings) - 1)])
+    membership = elastic.Membership(
+        config(poll_seconds=0.01, timeout_seconds=0), find=find)
+    out = io.StringIO()
+    code = local._supervise(
+        local.LaunchConfig(3, backend="mpi", max_restarts=2,
+                           restart_backoff_seconds=0, grace_seconds=1),
+        lambda: groups.pop(0), list(interrupted), out,
+        elastic=elastic.Elastic(membership, lambda hosts: []))
+    return code, out.getvalue().splitlines()
+
+
+TWO = [("node1", 1), ("node2", 1)]
+THREE = TWO + [("node3", 1)]
+
+
+def whole_checkpoint(tmp_path, step):
+    prefix = str(tmp_path / f"ckpt-{step}")
+    for end in (".index", ".data-00000-of-00001"):
+        open(prefix + end, "w").close()
+    return prefix
+
+
+def test_a_move_that_saved_restarts_on_the_new_hosts_and_finishes(tmp_path):
+    saved = whole_checkpoint(tmp_path, 5)
+    code, lines = moving([TWO, THREE], [
+        MovingGroup([143, 143], [saved]), FakeGroup(None)], tmp_path)
+    assert code == 0, lines
+    assert ("[launcher] elastic: node3 joined the discovery output: every "
+            "worker saves at its next step and leaves, then the job "
+            "restarts on the hosts found") in lines
+    assert f"[launcher] elastic: ckpt-5 complete on disk ({saved}): the " \
+        "restart resumes there" in lines
+    assert lines[-1] == "[launcher] exit 0: every worker finished"
+
+
+def test_a_move_with_nothing_saved_ends_the_job_with_the_workers_code(
+        tmp_path):
+    # Exit 3 from every worker: no checkpoint folder, a restart would
+    # start over.
+    code, lines = moving([TWO, THREE], [MovingGroup([3, 3])], tmp_path)
+    assert code == 3, lines
+    assert lines[-1].startswith("[launcher] exit 3: nothing saved: an "
+                                "elastic job needs a checkpoint folder")
+
+
+def test_too_few_hosts_after_a_saved_move_ends_with_the_workers_143(
+        tmp_path):
+    # node2 left; the hosts left are below --min-np 2: the checkpoint the
+    # workers reported stands, and 143 tells a scheduler to requeue.
+    saved = whole_checkpoint(tmp_path, 7)
+    code, lines = moving([TWO, [("node1", 1)]],
+                         [MovingGroup([143, 143], [saved])], tmp_path)
+    assert code == 143, lines
+    assert lines[-1] == ("[launcher] exit 143: fewer than --min-np 2 slots "
+                         "for 0 s (found: node1:1)")
+
+
+def test_no_hosts_at_all_is_exit_2_and_a_signal_while_waiting_its_own(
+        tmp_path):
+    code, lines = moving([[("node1", 1)]], [], tmp_path)
+    assert code == 2, lines  # no worker ran: a setting, not a failure
+    assert lines[-1] == ("[launcher] exit 2: fewer than --min-np 2 slots for "
+                         "0 s (found: node1:1)")
+    import signal
+    code, lines = moving([[("node1", 1)]], [], tmp_path,
+                         interrupted=[signal.SIGTERM])
+    assert code == 143, lines
+    assert lines[-1] == ("[launcher] exit 143: SIGTERM while waiting for "
+                         "hosts: no worker was running; the latest "
+                         "checkpoint stands")
