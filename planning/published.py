@@ -118,7 +118,8 @@ def mlperf_results(table: str, benchmark: str) -> dict:
     data = load()[table]
     spec = data["benchmarks"][benchmark]
     results = {r["gpus"]: time_to_train.Result(
-        r["gpus"], r["global_batch"], r["minutes"], r["examples"])
+        r["gpus"], r["global_batch"], r["minutes"], r["examples"],
+        tuple(r.get("kept_minutes", ())))
         for r in data["rows"] if r["benchmark"] == benchmark}
     return (results, systems.PRESETS[data["system"]], spec["parameters"],
             spec["gradient_bytes"])

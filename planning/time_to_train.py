@@ -16,7 +16,9 @@ the distance from what was measured.
   least squares of examples on B over the results.
 
 The band (`Band`). Inside the measured batches the model interpolates:
-its fit's largest relative residual, at least `BASE` (3%), either way.
+the larger of the results' run-to-run spread (`Result.runs`: the largest
+distance of one run from its result's mean; without runs
+`DEFAULT_SPREAD`) and the fit's largest relative residual, either way.
 Outside them it extrapolates, and the literature bounds what can happen:
 past the largest measured batch B_hi, the examples lie between the model
 (the noise-scale model, which a well-tuned schedule reaches) and steps no
@@ -25,7 +27,7 @@ Effects of Data Parallelism on Neural Network Training", arXiv:1811.03600:
 past a point, "maximal data parallelism", more batch buys no fewer
 steps); below the smallest, B_lo, between the model and E(B_lo) (perfect
 scaling: no more examples than at B_lo). The step time likewise: inside
-the measured batches per GPU, `BASE` either way; past the largest, b_hi,
+the measured batches per GPU, the same floor either way; past the largest, b_hi,
 between t(b_hi) (a larger batch is never faster) and t(b_hi) x b / b_hi (no
 slower per example); below the smallest, between t(b_lo) x b / b_lo and
 t(b_lo). A row whose batch or batch per GPU is outside the measured ones
@@ -40,18 +42,33 @@ from typing import List, Optional, Sequence, Tuple
 from planning import collectives, projection
 from planning.systems import System
 
-# The band inside the measured range, either way, at the least.
-BASE = 0.03
+# The band inside the measured range, either way, where no result gives its
+# runs: the median run-to-run spread of MLPerf Training's BERT results
+# (published.json's `mlperf_run_spreads`: 161 results, v2.0-v4.0, every
+# submitter; a test recomputes it). BERT's runs stop at a step that varies
+# with the seed; ResNet-50's at nearly fixed epochs (median 0.05%): the
+# wider of the two, as a job of unknown kind may vary as much.
+DEFAULT_SPREAD = 0.0768
 
 
 @dataclasses.dataclass(frozen=True)
 class Result:
     """One measured result: minutes to the target on `gpus` GPUs at
-    `global_batch`, having seen `examples` (the runs' mean)."""
+    `global_batch`, having seen `examples` (the runs' mean); `runs`: the
+    minutes of the runs `minutes` averages, where known."""
     gpus: int
     global_batch: int
     minutes: float
     examples: float
+    runs: Tuple[float, ...] = ()
+
+    @property
+    def spread(self) -> Optional[float]:
+        """The largest relative distance of a run from `minutes` (None
+        without two runs or more)."""
+        if len(self.runs) < 2:
+            return None
+        return max(abs(m / self.minutes - 1) for m in self.runs)
 
     @property
     def step_seconds(self) -> float:
@@ -74,10 +91,19 @@ class Model:
     batches: Tuple[float, float] = (0.0, math.inf)  # measured B range
     per_gpu: Tuple[float, float] = (0.0, math.inf)  # measured b range
     residual: float = 0.0  # the fit's largest relative residual
+    # The results' largest run-to-run spread (DEFAULT_SPREAD where one gave
+    # no runs) and whether the runs gave it.
+    spread: float = DEFAULT_SPREAD
+    spread_measured: bool = False
     results: int = 2  # how many results the fit rests on
     # The results' one batch per GPU when they all ran it (a weak-scaling
     # pair): t0 is then the whole compute at it, t1 unknown (0).
     one_per_gpu: Optional[float] = None
+
+    @property
+    def floor(self) -> float:
+        """The band either way inside the measured range."""
+        return max(self.spread, self.residual)
 
     @property
     def exact(self) -> bool:
@@ -169,9 +195,14 @@ def fit_results(system: System, parameters: float, gradient_bytes: int,
                 "fits (" + ", ".join(f"{r.global_batch}: {r.examples:.4g}"
                                      for r in results) + ")")
         b_noise = e_min / slope if slope > 0 else math.inf
+    spreads = [r.spread for r in results]
+    measured = all(s is not None for s in spreads)
     model = Model(t0, t1, e_min, b_noise, parameters, gradient_bytes,
                   (min(batches), max(batches)), (min(per_gpu), max(per_gpu)),
-                  results=len(results), one_per_gpu=per_gpu[0] if one else None)
+                  results=len(results), one_per_gpu=per_gpu[0] if one else None,
+                  spread=max(DEFAULT_SPREAD if s is None else s
+                             for s in spreads),
+                  spread_measured=measured)
     worst = max(max(abs(model.examples(r.global_batch) / r.examples - 1),
                     abs(model.compute_seconds(r.per_gpu) / step - 1))
                 for r, step in zip(results, rest))
@@ -188,7 +219,7 @@ def examples_band(model: Model, global_batch: float) -> Band:
     """E(B) and its band (the module docstring)."""
     value = model.examples(global_batch)
     low, high = model.batches
-    base = max(BASE, model.residual)
+    base = model.floor
     if global_batch > high * (1 + 1e-9):
         steps_flat = model.examples(high) * global_batch / high
         return Band(value, value * (1 - base), steps_flat * (1 + base),
@@ -203,7 +234,7 @@ def compute_band(model: Model, per_gpu: float) -> Band:
     """A step's compute, t0 + b t1, and its band (the module docstring)."""
     value = model.compute_seconds(per_gpu)
     low, high = model.per_gpu
-    base = max(BASE, model.residual)
+    base = model.floor
     if per_gpu > high * (1 + 1e-9):
         edge = model.compute_seconds(high)
         return Band(value, min(value, edge) * (1 - base),

@@ -17,15 +17,18 @@ from planning.workload import DTYPE_BYTES
 
 
 def results(text: str) -> List[time_to_train.Result]:
-    """GPUS:GLOBAL_BATCH:MINUTES:EXAMPLES (or ...:steps=STEPS),..."""
+    """GPUS:GLOBAL_BATCH:MINUTES:EXAMPLES (or ...:steps=STEPS),...; MINUTES
+    one figure or each run's, M1/M2/... (their mean the result's time,
+    their largest distance from it its run-to-run spread)."""
     parsed = []
     for item in text.split(","):
         parts = item.split(":")
         try:
             if len(parts) != 4:
                 raise ValueError
-            gpus, batch, minutes = int(parts[0]), int(parts[1]), float(
-                parts[2])
+            gpus, batch = int(parts[0]), int(parts[1])
+            runs = tuple(float(m) for m in parts[2].split("/"))
+            minutes = sum(runs) / len(runs)
             if parts[3].startswith("steps="):
                 examples = float(parts[3][len("steps="):]) * batch
             else:
@@ -33,13 +36,16 @@ def results(text: str) -> List[time_to_train.Result]:
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"--results {item!r}: GPUS:GLOBAL_BATCH:MINUTES:EXAMPLES "
-                "(or ...:steps=STEPS), e.g. 8:448:16.88:2456496") from None
-        if gpus < 1 or batch < 1 or not (0 < minutes < math.inf) or not (
+                "(or ...:steps=STEPS; MINUTES one figure or each run's, "
+                "M1/M2/...), e.g. 8:448:16.46/16.88/17.50:2456496") from None
+        if gpus < 1 or batch < 1 or not all(
+                0 < m < math.inf for m in runs) or not (
                 0 < examples < math.inf):
             raise argparse.ArgumentTypeError(
                 f"--results {item!r}: GPUs >= 1, a global batch >= 1 "
                 "example, minutes > 0 and examples > 0")
-        parsed.append(time_to_train.Result(gpus, batch, minutes, examples))
+        parsed.append(time_to_train.Result(
+            gpus, batch, minutes, examples, runs if len(runs) > 1 else ()))
     return parsed
 
 
@@ -49,7 +55,9 @@ def add_options(g) -> None:
                    help="results measured to the target, "
                    "GPUS:GLOBAL_BATCH:MINUTES:EXAMPLES (or "
                    "...:steps=STEPS),...: two or more give time to train "
-                   "at --gpus (with --parameters, --gradient_dtype)")
+                   "at --gpus (with --parameters, --gradient_dtype); "
+                   "MINUTES as each run's, M1/M2/..., sets the band from "
+                   "their spread")
     g.add_argument("--train_batch", type=int,
                    help="with --results: the global batch (examples) at "
                    "every GPU count")
@@ -92,15 +100,26 @@ def header(model, system, plan, measured) -> List[str]:
         "al. 2018, arXiv:1812.06162)",
         f"  measured: global batch {low_b:,.0f}-{high_b:,.0f} examples, "
         f"per GPU {low_g:g}-{high_g:g}; {fit}",
-        f"band: inside the measured range +-"
-        f"{max(time_to_train.BASE, model.residual):.0%} (the larger of 3%, "
-        "a stated floor, not a measured run-to-run spread, and the fit's "
-        "residual); past the largest batch, "
+        f"band: inside the measured range +-{model.floor:.1%} ("
+        + _floor_words(model) + "); past the largest batch, "
         "examples up to steps as at it (maximal data parallelism, Shallue "
         "et al. 2019, arXiv:1811.03600), below the smallest up to its "
         "examples; a step past the measured batch per GPU between the "
         "edge's time and the edge's time per example, likewise below; "
         "rows outside are marked extrapolated"]
+
+
+def _floor_words(model) -> str:
+    """Where the band's floor inside the measured range comes from."""
+    if model.residual > model.spread:
+        return "the fit's largest residual, above the runs' spread"
+    if model.spread_measured:
+        return ("the results' run-to-run spread: the largest distance of "
+                "one run from its result's mean")
+    return (f"no result gave its runs: {time_to_train.DEFAULT_SPREAD:.1%}, "
+            "the median run-to-run spread of 161 MLPerf Training BERT "
+            "results, v2.0-v4.0; give each result's minutes as its runs, "
+            "M1/M2/..., for your own")
 
 
 def table(rows, price=None) -> str:
