@@ -19,10 +19,10 @@ EXTRAS = {
     # (docs/gpus.md; offline: python -m launch.wheelhouse).
     "and-cuda": ["tensorflow[and-cuda]>=2.21.0,<2.22"],
     "plot": ["matplotlib>=3.8"],
-    # benchmarks/time_to_accuracy.py --task digits: scikit-learn ships the
+    # benchmarks/time_to_accuracy/study.py --task digits: scikit-learn ships the
     # data set.
     "studies": ["scikit-learn>=1.5", "matplotlib>=3.8"],
-    # benchmarks/fit_comparison.py (legacy Keras 2).
+    # benchmarks/overhead/fit_comparison.py (legacy Keras 2).
     "bench": ["tf_keras>=2.21.0,<2.22"],
     # The MPI backend (tfscale/cluster/mpi.py): mpi4py and Open MPI's runtime from
     # PyPI. With a site's own MPI, build mpi4py against it instead.

@@ -22,13 +22,12 @@ Never imports TensorFlow.
 
 import argparse
 import os
-import subprocess
 import sys
 from typing import List, Mapping, Optional, Sequence
 
+import tfscale.cluster.contract as contract
 from tfscale.cluster.contract import (GPUS_BOUND_ENV, LOCAL_RANK_VARIABLES,
-                                      local_rank, local_workers,
-                                      parse_nvidia_smi_listing)
+                                      local_rank, local_workers)
 
 __all__ = ["LOCAL_RANK_VARIABLES", "host_gpus", "worker_gpus", "local_rank",
            "local_workers", "main"]
@@ -42,14 +41,7 @@ def host_gpus(env: Mapping[str, str], nvidia_smi: str = "nvidia-smi"
     if visible is not None:
         entries = [g.strip() for g in visible.split(",") if g.strip()]
         return [] if entries in ([], ["-1"]) else entries
-    try:
-        listing = subprocess.run([nvidia_smi, "-L"], capture_output=True,
-                                 text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if listing.returncode != 0:
-        return []
-    return [index for index, _ in parse_nvidia_smi_listing(listing.stdout)]
+    return [index for index, _ in contract.nvidia_smi_listing(nvidia_smi) or []]
 
 
 def worker_gpus(gpus: Sequence[str], num_workers: int,

@@ -4,7 +4,7 @@ compiled on its own by XLA (one fusion forward, one backward).
 Without XLA, TensorFlow runs every elementwise op as its own kernel that
 writes its whole output to memory, and autodiff adds a kernel per op of
 the backward pass: BERT's tanh GELU is 17 passes over its [B, T, 4H]
-input, a float32 layer norm 22 over [B, T, H] (`benchmarks/step_graph.py`).
+input, a float32 layer norm 22 over [B, T, H] (`benchmarks/gpu/step_graph.py`).
 Here each piece is a `tf.custom_gradient` whose forward and backward are
 `tf.function(jit_compile=True)`: XLA fuses each into one kernel (a layer
 norm's row statistics are a reduction inside it) that writes only its

@@ -41,7 +41,7 @@ def same_global_random_state(request):
     """Sets every global seed, and Keras's global dtype policy back to
     float32, before the test, so no test's outcome depends on which tests
     ran before it in the same process (a test that builds a bf16 step, as
-    benchmarks/step_kernels.py does, left the policy mixed_bfloat16)."""
+    benchmarks/gpu/step_kernels.py does, left the policy mixed_bfloat16)."""
     import keras
     keras.utils.set_random_seed(request.config.getoption("global_seed"))
     keras.mixed_precision.set_global_policy("float32")

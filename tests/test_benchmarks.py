@@ -15,8 +15,16 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-SCRIPTS = sorted(p for p in (REPO / "benchmarks").glob("*.py")
-                 if p.name != "__init__.py")
+SCRIPTS = sorted(p for p in (REPO / "benchmarks").rglob("*.py")
+                 if p.name not in ("__init__.py", "__main__.py"))
+# The concerns benchmarks/ is split by: no study sits at its top.
+PACKAGES = ("gpu", "pipelines", "scaling", "preemption", "planning",
+            "time_to_accuracy", "overhead")
+
+
+def module_of(path: pathlib.Path) -> str:
+    """benchmarks/gpu/check.py -> benchmarks.gpu.check"""
+    return ".".join(path.relative_to(REPO).with_suffix("").parts)
 
 
 def imports(path: pathlib.Path):
@@ -52,7 +60,7 @@ def defined_names(module: str) -> set:
     return names
 
 
-@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", SCRIPTS, ids=module_of)
 def test_every_name_a_benchmark_imports_exists(path):
     from absl import flags
     missing = []
@@ -82,11 +90,11 @@ def test_every_name_a_benchmark_imports_exists(path):
 
 @pytest.mark.parametrize("path", [p for p in SCRIPTS
                                   if "__main__" in p.read_text()],
-                         ids=lambda p: p.stem)
+                         ids=module_of)
 def test_every_benchmark_answers_help(path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [str(path), "--help"])
     with pytest.raises(SystemExit) as done:
-        runpy.run_module(f"benchmarks.{path.stem}", run_name="__main__")
+        runpy.run_module(module_of(path), run_name="__main__")
     assert done.value.code in (0, None)
     text = capsys.readouterr().out
     assert "usage:" in text
@@ -139,14 +147,83 @@ def test_the_check_finds_a_name_that_is_gone(tmp_path):
     assert not hasattr(module, "unreduced")
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "benchmarks").glob("*.sh")),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted((REPO / "benchmarks").rglob("*.sh")),
+                         ids=module_of)
 def test_every_shell_benchmark_answers_help(path, tmp_path):
     done = subprocess.run(["bash", str(path), "--help"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert f"bash benchmarks/{path.name}" in done.stdout
+    assert "bash benchmarks/gpu/bert.sh" in done.stdout
     assert list(tmp_path.iterdir()) == []  # it ran nothing
+
+
+@pytest.mark.parametrize("package", PACKAGES + ("",))
+def test_each_benchmark_package_says_what_it_holds(package):
+    """benchmarks/ is split by concern: its top holds the harness (and
+    one moved script's redirect) only, and each package's docstring names
+    every file it holds."""
+    folder = REPO / "benchmarks" / package
+    doc = (folder / "__init__.py").read_text()
+    held = {p.name + ("/" if p.is_dir() else "") for p in folder.iterdir()
+            if p.name not in ("__init__.py", "__main__.py", "__pycache__")}
+    if not package:
+        held -= {"README.md", "history.md", "results/", "gpu_bert.sh"}
+        assert {p for p in held if p.endswith(".py")} == {"harness.py"}
+    assert held and not {h for h in held if f"`{h}`" not in doc}, held
+
+
+@pytest.mark.parametrize("old,new", [("gpu_check", "gpu.check"),
+                                     ("watch_cost", "overhead.watch_cost")])
+def test_an_old_flat_name_still_runs_and_names_the_new_one(old, new):
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{old}",
+                           "--help"], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
+    assert (f"benchmarks.{old} is now benchmarks.{new}; the old name goes "
+            "in the next release") in done.stderr
+    import benchmarks
+    assert benchmarks.MOVED == dict(
+        line.split() for line in MOVED_NAMES.strip().splitlines())
+
+
+# The flat names of release 2026-12 (old name, new module).
+MOVED_NAMES = """
+gpu_check gpu.check
+gpu_levers gpu.levers
+lever_worker gpu.lever_worker
+model_step gpu.model_step
+step_calls gpu.step_calls
+step_graph gpu.step_graph
+step_kernels gpu.step_kernels
+head_transpose gpu.head_transpose
+xplane_top gpu.xplane_top
+input_pipeline pipelines.input_pipeline
+image_pipeline pipelines.image_pipeline
+record_reader pipelines.record_reader
+data_service_trainer pipelines.data_service_trainer
+data_service pipelines.data_service
+iterator_deletion_worker pipelines.iterator_deletion_worker
+iterator_deletion pipelines.iterator_deletion
+writer_memory pipelines.writer_memory
+writers pipelines.writers
+scaling_worker scaling.worker
+allreduce_worker scaling.allreduce_worker
+allreduce scaling.allreduce
+horovod_synthetic scaling.horovod_synthetic
+hvd_agreement scaling.hvd_agreement
+memory scaling.memory
+exit_time preemption.exit_time
+resume_cost preemption.resume_cost
+plan_check planning.plan_check
+mlperf_rows planning.mlperf_rows
+study_behaviour time_to_accuracy.behaviour
+trainer_overhead overhead.trainer
+fit_comparison overhead.fit_comparison
+fit_worker overhead.fit_worker
+watch_cost overhead.watch_cost
+noise_scale_overhead overhead.noise_scale
+"""
 
 
 @pytest.mark.parametrize("parallel", [1, 3, 4, 7, 9])
@@ -154,10 +231,49 @@ def test_the_lever_runs_are_each_timed_once(parallel):
     """Every (model, lever) in exactly one wave, none larger than
     `parallel` but BERT-large's pair: a run twice would leave its gate
     open for the second, timed while the others compile."""
-    from benchmarks import gpu_levers
+    from benchmarks.gpu import levers as gpu_levers
     waves = gpu_levers.run_waves(parallel)
     runs = [run for wave in waves for run in wave]
     expected = ([("base", lever) for lever in gpu_levers.LEVERS]
                 + [("large", "default"), ("large", "all")])
     assert sorted(runs) == sorted(expected)
     assert all(len(wave) <= max(parallel, 2) for wave in waves)
+
+
+def test_the_harness_writes_tables_and_names_a_failed_command(capsys):
+    from benchmarks import harness
+    table = harness.Table(["model", "steps/s", "note"], align="lrl")
+    table.row("mlp", "41.2", "warm")
+    assert capsys.readouterr().out.splitlines() == [
+        "| model | steps/s | note |", "|---|---:|---|",
+        "| mlp | 41.2 | warm |"]
+    with pytest.raises(ValueError, match="2 cells for 3 columns"):
+        table.row("mlp", "1")
+    assert harness.table(["a", "b"], [[1, 2]]) == (
+        "| a | b |\n|---|---:|\n| 1 | 2 |")
+    assert harness.on_workers(2, ["prog"], launcher=["--backend", "mpi"])[
+        2:] == ["launch.local", "--num_workers", "2", "--threads_per_worker",
+                "1", "--backend", "mpi", "--", "prog"]
+    out = harness.run([sys.executable, "-c",
+                       "import benchmarks.harness; print('{\"a\": 1}')"])
+    assert harness.last_json("noise\n" + out) == {"a": 1}
+    with pytest.raises(harness.Failed) as failed:
+        harness.run([sys.executable, "-c", "print('the cause'); exit(3)"],
+                    what="the probe")
+    message = str(failed.value)
+    assert message.splitlines()[0] == "the probe: exit 3"
+    assert "the cause" in message and isinstance(failed.value, SystemExit)
+
+
+def test_no_study_writes_a_table_or_starts_workers_by_hand():
+    """The studies share the harness: a markdown table (`Table`, `table`)
+    and a launch.local command line (`on_workers`) are built there only."""
+    by_hand = []
+    for path in SCRIPTS:
+        if path.name == "harness.py":
+            continue
+        text = path.read_text()
+        for needle in ('"|---', '|---|', '"launch.local"'):
+            if needle in text:
+                by_hand.append(f"{module_of(path)}: {needle}")
+    assert by_hand == []

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
-from benchmarks.step_calls import make_data
+from benchmarks.gpu.step_calls import make_data
 from models import bert, bert_config, gathers
 from tfscale import precision
 from tfscale.optim.lamb import Lamb

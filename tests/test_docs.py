@@ -112,6 +112,17 @@ def test_measurements_with_dates_live_in_benchmarks_readme():
     assert DATED.search((REPO / "benchmarks" / "README.md").read_text())
 
 
+def test_the_benchmarks_page_is_a_reference_of_current_results():
+    """benchmarks/README.md holds the current results, by concern, within
+    600 lines; older figures live in history.md behind links."""
+    page = (REPO / "benchmarks" / "README.md").read_text()
+    assert len(page.splitlines()) <= 600
+    concerns = re.findall(r"(?m)^## .*\(`benchmarks/(\w+)/`\)$", page)
+    assert concerns == ["gpu", "pipelines", "scaling", "preemption",
+                        "planning", "overhead"]
+    assert "(history.md" in page
+
+
 JOB_PAGES = {"docs/bert.md": "models.tasks.run_pretraining",
              "docs/image-job.md": "models.tasks.train_image_classifier"}
 

@@ -173,7 +173,7 @@ def test_bert_dropout_draws_once_per_call_from_its_seed_generator():
 
 def bert_step_graph(precision_name):
     """The traced forward and backward of a small BERT in `precision`."""
-    from benchmarks import step_graph
+    from benchmarks.gpu import step_graph
     from models import bert
     from models.bert_config import BertConfig
     from tfscale import precision
@@ -210,11 +210,11 @@ def test_attention_scores_stay_in_the_compute_dtype():
 
 def test_gelu_layer_norm_and_dropout_run_as_xla_fusions():
     """Their forward and backward passes in the traced step are calls of
-    XLA-compiled functions (`benchmarks/step_graph.py` counts each as its
+    XLA-compiled functions (`benchmarks/gpu/step_graph.py` counts each as its
     outputs), not autodiff's op-by-op chains (no Pow, Rsqrt or squared
     difference outside them, and only the pooler's tanh; dropout's uniform
     numbers are TensorFlow's kernel)."""
-    from benchmarks import step_graph
+    from benchmarks.gpu import step_graph
     graph = bert_step_graph("mixed_bfloat16")
     compiled = [step_graph._compiled_function(op)
                 for op in graph.get_operations()]

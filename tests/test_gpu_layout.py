@@ -246,11 +246,11 @@ def test_two_workers_on_the_gpu_branch_end_where_the_cpu_branch_ends(
 
 
 def test_a_lone_one_gpu_bert_step_launches_few_kernels_outside_xla():
-    """`benchmarks/step_kernels.py` on BERT-tiny: the default step of a
+    """`benchmarks/gpu/step_kernels.py` on BERT-tiny: the default step of a
     one-GPU worker (XLA on) is one XLA program plus the loop's and the
     input's few ops; the update op by op adds thousands."""
     import argparse
-    from benchmarks import step_kernels
+    from benchmarks.gpu import step_kernels
     config = {"vocab_size": 512, "hidden_size": 32, "num_hidden_layers": 2,
               "num_attention_heads": 2, "intermediate_size": 64}
     args = argparse.Namespace(device="/gpu:0", steps_per_call=10)

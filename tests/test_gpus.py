@@ -45,6 +45,27 @@ def test_host_gpus_come_from_cuda_visible_devices_else_nvidia_smi(
     assert gpus.host_gpus({}, nvidia_smi="/nonexistent/nvidia-smi") == []
 
 
+def test_the_launcher_and_a_worker_read_one_nvidia_smi_listing(
+        monkeypatch):
+    """`nvidia-smi -L` is run and parsed in one place
+    (`contract.nvidia_smi_listing`) for the launcher's GPUs and a worker's
+    GPU UUIDs alike."""
+    from tfscale.cluster import all_reduce_impl, contract
+    asked = []
+
+    def listing(nvidia_smi="nvidia-smi"):
+        asked.append(nvidia_smi)
+        return [("0", "GPU-aaa"), ("1", "GPU-bbb")]
+
+    monkeypatch.setattr(contract, "nvidia_smi_listing", listing)
+    assert gpus.host_gpus({}, nvidia_smi="smi-a") == ["0", "1"]
+    assert all_reduce_impl.gpu_uuids("1", 1, "smi-b") == ("GPU-bbb",)
+    assert asked == ["smi-a", "smi-b"]
+    assert contract.parse_nvidia_smi_listing(
+        "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5f0e)\n"
+        "  MIG 1g.10gb Device 0: (UUID: MIG-1)\n") == [("0", "GPU-5f0e")]
+
+
 def test_worker_i_gets_gpus_i_k_to_i_k_plus_k_minus_1():
     four = ["0", "1", "2", "3"]
     assert gpus.worker_gpus(four, 2, 2) == ["0,1", "2,3"]

@@ -189,7 +189,7 @@ FASHION = "/usr/share/datasets/fashion-mnist"
 @pytest.mark.skipif(not os.path.isdir(FASHION),
                     reason="Debian's dataset-fashion-mnist is not installed")
 def test_the_study_runs_through_the_skeleton():
-    from benchmarks import time_to_accuracy
+    from benchmarks.time_to_accuracy import study as time_to_accuracy
     study = time_to_accuracy.fashion_task(FASHION, target=0.7)
     result = time_to_accuracy.run_one(study, "sgd", 256, 0.05, seed=1)
     # One seed, one run: the same steps and noise scale, to the bit.
@@ -205,7 +205,7 @@ def test_a_study_is_keyed_by_everything_that_defines_it(tmp_path,
     """Editing any part of a study's definition gives it a new digest (so
     its runs go to a new file and old ones are never reused); reading the
     same bytes from another folder does not."""
-    from benchmarks import time_to_accuracy as tta
+    from benchmarks.time_to_accuracy import study as tta
 
     def build_model():
         return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
@@ -308,7 +308,7 @@ def test_a_refactor_of_the_engine_keeps_a_studys_digest(monkeypatch):
     """The estimator and optimizers count by their outputs: the same
     numbers from other code (a function rewritten, moved, renamed) keep a
     study's digest, and its results with it."""
-    from benchmarks import time_to_accuracy as tta
+    from benchmarks.time_to_accuracy import study as tta
     from tfscale.noise import scale as noise_scale
     tta.engine_digests.cache_clear()
     before = tta.engine_digests()

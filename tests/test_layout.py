@@ -14,7 +14,7 @@ ENTRY_POINTS = {"models/tasks/run_pretraining.py", "models/tasks/export_bert.py"
                 "input_pipelines/make_demo_corpus.py", "input_pipelines/index_records.py",
                 # The lever runs' job: run_pretraining's flags, read as it
                 # reads them.
-                "benchmarks/lever_worker.py"}
+                "benchmarks/gpu/lever_worker.py"}
 
 
 def sources(*folders):
@@ -53,8 +53,10 @@ def test_launch_and_planning_never_import_tensorflow():
         assert not any(m.split(".")[0] in ("tensorflow", "keras")
                        or (m.startswith("tfscale") and m != CONTRACT)
                        for m in imported_modules(path)), path
+    # The contract imports nothing heavy: the standard library's
+    # subprocess only, inside the one function that runs nvidia-smi.
     contract = REPO / (CONTRACT.replace(".", "/") + ".py")
-    assert list(imported_modules(contract)) == []
+    assert list(imported_modules(contract)) == ["subprocess"]
     for package in ("tfscale", "tfscale.cluster"):
         init = REPO / (package.replace(".", "/") + "/__init__.py")
         assert not any(m.split(".")[0] in ("tensorflow", "keras")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks.step_calls import make_data
+from benchmarks.gpu.step_calls import make_data
 from models import bert, bert_config, elementwise
 from tfscale.errors import ConfigError
 from tfscale.optim.lamb import Lamb

@@ -302,7 +302,7 @@ def test_an_mpi_rank_without_the_mpi_backend_exits_2(tmp_path):
         [sys.executable, "run_pretraining.py",
          f"--input_file={tmp_path}/records.tfrecord",
          f"--output_dir={tmp_path}/out",
-         "--bert_config_file=benchmarks/bert_base.json"],
+         "--bert_config_file=benchmarks/gpu/bert_base.json"],
         env={"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"})
     assert code == 2, output[-2000:]
     assert "without --backend=mpi" in output.strip().splitlines()[-1]

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from benchmarks import scaling
+from benchmarks.scaling import study as scaling
 
 
 def test_ring_allreduce_bound():
@@ -102,7 +102,8 @@ def test_resnet50_workload_reads_real_decoded_images(tmp_path):
     image pipeline (the model itself is only built by the workers)."""
     import numpy as np
     import tensorflow as tf
-    from benchmarks import image_pipeline, scaling_worker
+    from benchmarks.pipelines import image_pipeline
+    from benchmarks.scaling import worker as scaling_worker
     files = image_pipeline.make_records(str(tmp_path), 10, 2)
     make_model, loss_fn, dataset_fn = scaling_worker.model_and_data(
         "resnet50", 4, files, image_size=48)

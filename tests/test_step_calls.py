@@ -472,7 +472,7 @@ def test_the_loop_reads_no_step_output_to_go_on(layout):
     # and that limit (int32, kept on the host), so on a GPU the host queues
     # step i + 1 while step i runs (docs/facts.md, fact 35). Several
     # workers stop a call at the same step: tests/test_multiworker.py.
-    from benchmarks import step_kernels
+    from benchmarks.gpu import step_kernels
     from tfscale.step.feed import ReplicaFeed
     from tfscale.trainer import parts as trainer_parts
     from tfscale.trainer.timing import StepTimer

@@ -1,11 +1,11 @@
-"""benchmarks/xplane_top.py on a synthetic GPU profile: kernels summed by
+"""benchmarks/gpu/xplane_top.py on a synthetic GPU profile: kernels summed by
 their full names (two Eigen kernels whose names agree in their first 120
 characters stay two rows), and op time grouped by (op type, dtype)."""
 
 import pytest
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from benchmarks import xplane_top
+from benchmarks.gpu import xplane_top
 
 EIGEN = ("void Eigen::internal::EigenMetaKernel<Eigen::TensorEvaluator<Eigen::"
          "TensorAssignOp<Eigen::TensorMap<Eigen::Tensor<")

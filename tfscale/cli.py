@@ -286,7 +286,7 @@ def leave(code: int) -> None:
     Python's normal exit joins every non-daemon thread and runs TensorFlow's
     destructors; in TF 2.21 a finished tf.data iterator's deletion can block
     there for up to a minute (its autotune thread; `python -m
-    benchmarks.iterator_deletion`), past Kubernetes' 30 s grace after
+    benchmarks.pipelines.iterator_deletion`), past Kubernetes' 30 s grace after
     SIGTERM. By the time a job returns or unwinds, its checkpoints,
     summaries and result files are written and closed (the Trainer's saves
     are synchronous and `Trainer.fit` closes the callbacks' writers on every

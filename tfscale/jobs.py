@@ -15,7 +15,7 @@ the strategy, trains with the Trainer (resuming from the latest checkpoint),
 evaluates, and writes `summary.json` (what it prints: `job_lines.py`).
 The BERT job (`models/tasks/pretraining.py`), the image job
 (`models/tasks/image_classification.py`) and the time-to-accuracy study
-(`benchmarks/time_to_accuracy.py`) are `Task`s. An entry point turns its
+(`benchmarks/time_to_accuracy/study.py`) are `Task`s. An entry point turns its
 flags into the config through `tfscale.cli.entry_point`, whose
 `run_job` turns a `JobError` into one line and a non-zero exit.
 """

@@ -7,7 +7,7 @@ every record's frame and, last, the file's size (8 bytes per record on disk),
 and `stamp`, the file's `stamp` when it was indexed (a hidden folder, so
 globs such as `DIR/*` never read it as records). Scanning the frames of a
 file costs one small read per record, about 1 s per million records from
-the page cache (0.76-0.96 s in benchmarks/input_pipeline.py).
+the page cache (0.76-0.96 s in benchmarks/pipelines/input_pipeline.py).
 
 A file's stamp is its inode, size, mtime_ns and ctime_ns: what changes when
 a file is written, or replaced by another file (`mv` or `rsync -a` of a copy

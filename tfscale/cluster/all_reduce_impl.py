@@ -80,16 +80,10 @@ def gpu_uuids(visible: Optional[str], count: int,
                [e.strip() for e in visible.split(",") if e.strip()][:count])
     listed = {}
     if any(not e.startswith(("GPU-", "MIG-")) for e in entries):
-        import subprocess
-        try:
-            out = subprocess.run([nvidia_smi, "-L"], capture_output=True,
-                                 text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
+        found = contract.nvidia_smi_listing(nvidia_smi)
+        if found is None:
             return ()
-        if out.returncode != 0:
-            return ()
-        listed = {index: uuid for index, uuid in
-                  contract.parse_nvidia_smi_listing(out.stdout) if uuid}
+        listed = {index: uuid for index, uuid in found if uuid}
     uuids = [e if e.startswith(("GPU-", "MIG-")) else listed.get(e)
              for e in entries]
     return tuple(uuids) if len(uuids) == count and all(uuids) else ()

@@ -100,6 +100,22 @@ def local_workers(env):
     return None
 
 
+def nvidia_smi_listing(nvidia_smi: str = "nvidia-smi"):
+    """`nvidia-smi -L` run and parsed (`parse_nvidia_smi_listing`), or None
+    where it cannot be run or fails (no driver, no such program, 30 s
+    without an answer). The one place either the launcher or a worker asks
+    the driver which GPUs a host has."""
+    import subprocess
+    try:
+        listing = subprocess.run([nvidia_smi, "-L"], capture_output=True,
+                                 text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if listing.returncode != 0:
+        return None
+    return parse_nvidia_smi_listing(listing.stdout)
+
+
 def parse_nvidia_smi_listing(text: str):
     """[(CUDA index as a string, UUID or None)] of `nvidia-smi -L`'s lines
     ("GPU 0: NVIDIA H200 (UUID: GPU-5f0e...)"); MIG lines are skipped."""

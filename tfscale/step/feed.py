@@ -17,14 +17,14 @@ memory: the copy happens at the start of the step.
 Finished iterators are deleted on a background thread
 (`delete_in_background`): in TF 2.21, deleting a `tf.data` iterator with
 autotune on sometimes blocks the deleting thread for up to about a minute
-(`python -m benchmarks.iterator_deletion`: 2 workers under CPU load, 5 of 6
+(`python -m benchmarks.pipelines.iterator_deletion`: 2 workers under CPU load, 5 of 6
 runs blocked about 40 s in `DeleteIterator`; with autotune off, 0 of 6). A
 worker blocked there holds every other worker in the next collective; off
 the main thread it holds no one. The thread is not a daemon: Python waits
 for it at exit (a daemon thread still inside TensorFlow at exit aborted the
 process in 2 of 11 runs). So that a worker does not sit there after its last
 line, the entry points leave with `os._exit` once every file is flushed
-(`tfscale.cli.leave`; `python -m benchmarks.exit_time`).
+(`tfscale.cli.leave`; `python -m benchmarks.preemption.exit_time`).
 """
 
 import re

@@ -546,7 +546,7 @@ class TrainStep:
     def call_graph(self, iterator, num_steps: int = 10):
         """The traced graph of one call of several steps (the training
         loop's usual call), e.g. to count what runs outside XLA
-        (`benchmarks/step_kernels.py`). Traces; runs nothing."""
+        (`benchmarks/gpu/step_kernels.py`). Traces; runs nothing."""
         return self._steps_program.get_concrete_function(
             iterator, tf.TensorSpec([RowLayout.SIGNALS], tf.float32),
             tf.constant(num_steps)).graph
