@@ -19,7 +19,7 @@ EXTRAS = {
     # (docs/gpus.md; offline: python -m launch.wheelhouse).
     "and-cuda": ["tensorflow[and-cuda]>=2.21.0,<2.22"],
     "plot": ["matplotlib>=3.8"],
-    # benchmarks/time_to_accuracy/study.py --task digits: scikit-learn ships the
+    # python -m benchmarks.time_to_accuracy --task digits: scikit-learn ships the
     # data set.
     "studies": ["scikit-learn>=1.5", "matplotlib>=3.8"],
     # benchmarks/overhead/fit_comparison.py (legacy Keras 2).

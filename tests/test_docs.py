@@ -119,7 +119,7 @@ def test_the_benchmarks_page_is_a_reference_of_current_results():
     assert len(page.splitlines()) <= 600
     concerns = re.findall(r"(?m)^## .*\(`benchmarks/(\w+)/`\)$", page)
     assert concerns == ["gpu", "pipelines", "scaling", "preemption",
-                        "planning", "overhead"]
+                        "planning", "time_to_accuracy", "overhead"]
     assert "(history.md" in page
 
 

@@ -190,7 +190,8 @@ FASHION = "/usr/share/datasets/fashion-mnist"
                     reason="Debian's dataset-fashion-mnist is not installed")
 def test_the_study_runs_through_the_skeleton():
     from benchmarks.time_to_accuracy import study as time_to_accuracy
-    study = time_to_accuracy.fashion_task(FASHION, target=0.7)
+    from benchmarks.time_to_accuracy import tasks
+    study = tasks.fashion_task(FASHION, target=0.7)
     result = time_to_accuracy.run_one(study, "sgd", 256, 0.05, seed=1)
     # One seed, one run: the same steps and noise scale, to the bit.
     assert result["reached"] and result["steps"] == result["steps_run"]

@@ -52,7 +52,7 @@ class StudyRange:
 
 
 # (optimizer, noise scale mode) -> the range `python -m
-# benchmarks.time_to_accuracy.study` measured for it (docs/batch-size.md): SGD
+# benchmarks.time_to_accuracy` measured for it (docs/batch-size.md): SGD
 # with momentum on Fashion-MNIST (definition 45cee23f1d: settled runs at
 # batches 16-1,024, both seeds, 1.99-6.68) widened to scikit-learn's digits
 # (251b4816d5: no run settles there; those with a bounded interval,
