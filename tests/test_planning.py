@@ -917,3 +917,23 @@ def test_mlperf_rows_keeps_the_runs_a_score_averages(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["results"] == 1
     assert printed["spreads"] == [round(1 / 11, 4)]
+
+
+def test_the_pages_time_to_train_example_prints_what_it_shows(capsys):
+    """docs/planning.md's `--results` example, run as written: every line
+    the page shows (its "..." stand for lines left out) is in the output,
+    as printed."""
+    import pathlib
+    import shlex
+    page = (pathlib.Path(__file__).resolve().parent.parent / "docs" /
+            "planning.md").read_text()
+    blocks = [b.split("\n```", 1)[0] for b in page.split("```\n$ ")[1:]]
+    block = next(b for b in blocks if "--results" in b.split("\n...")[0])
+    command, shown = block.split("\n...\n", 1)
+    argv = shlex.split(command.replace("\\\n", " "))
+    assert argv[0] == "tfscale-plan"
+    assert cli.main(argv[1:]) == 0
+    out = capsys.readouterr().out.splitlines()
+    missing = [line for line in shown.splitlines()
+               if line != "..." and line not in out]
+    assert missing == []
