@@ -917,6 +917,20 @@ def test_mlperf_rows_keeps_the_runs_a_score_averages(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["results"] == 1
     assert printed["spreads"] == [round(1 / 11, 4)]
+    # Bad input: one line naming it, exit 2, never an empty success.
+    cut = folder / "result_5.txt"
+    cut.write_text(":::MLLOG " + json.dumps(
+        {"key": "run_start", "value": None, "metadata": {}, "time_ms": 0}))
+    for argv, said in (([str(tmp_path / "nowhere")], "no SUBMITTER/results"),
+                       ([str(tmp_path), "--systems", "a100"],
+                        "no result folder of"),
+                       ([str(tmp_path)], "result_5.txt: no run_start or "
+                                         "run_stop line")):
+        with mock.patch("sys.argv", ["mlperf_rows", *argv]), \
+                pytest.raises(SystemExit) as stop:
+            mlperf_rows.main()
+        assert stop.value.code == 2
+        assert said in capsys.readouterr().err
 
 
 def test_the_pages_time_to_train_example_prints_what_it_shows(capsys):

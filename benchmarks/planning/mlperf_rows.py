@@ -149,18 +149,34 @@ def main():
                         help="print every result's run-to-run spread per "
                         "benchmark (all submitters) instead of rows")
     args = parser.parse_args()
+    for checkout in args.checkout:
+        if not glob.glob(os.path.join(checkout, "*", "results")):
+            parser.error(f"{checkout}: no SUBMITTER/results folders (a clone "
+                         "of mlcommons/training_results_vX.Y?)")
     if args.spreads:
         for benchmark, values in spreads(args.checkout,
                                          args.benchmarks).items():
+            if not values:
+                parser.error(f"no {benchmark} result of three runs or more "
+                             f"in {', '.join(args.checkout)}")
             print(json.dumps({"benchmark": benchmark, "results": len(values),
                               "median": statistics.median(values),
                               "spreads": values}))
         return
+    found = 0
     for checkout in args.checkout:
         for benchmark in args.benchmarks.split(","):
             for folder in folders(checkout, args.submitters, args.systems,
                                   benchmark):
-                print(json.dumps(row(folder, benchmark, checkout)))
+                try:
+                    print(json.dumps(row(folder, benchmark, checkout)))
+                except ValueError as e:  # a run cut off: its file named
+                    parser.error(str(e))
+                found += 1
+    if not found:
+        parser.error(f"no result folder of --submitters {args.submitters} "
+                     f"--systems {args.systems} --benchmarks "
+                     f"{args.benchmarks} in {', '.join(args.checkout)}")
 
 
 if __name__ == "__main__":
