@@ -101,7 +101,7 @@ def header(model, system, plan, measured) -> List[str]:
         f"  measured: global batch {low_b:,.0f}-{high_b:,.0f} examples, "
         f"per GPU {low_g:g}-{high_g:g}; {fit}",
         f"band: inside the measured range +-{model.floor:.1%} ("
-        + _floor_words(model) + "); past the largest batch, "
+        + _floor_words(model, measured) + "); past the largest batch, "
         "examples up to steps as at it (maximal data parallelism, Shallue "
         "et al. 2019, arXiv:1811.03600), below the smallest up to its "
         "examples; a step past the measured batch per GPU between the "
@@ -109,17 +109,26 @@ def header(model, system, plan, measured) -> List[str]:
         "rows outside are marked extrapolated"]
 
 
-def _floor_words(model) -> str:
+def _floor_words(model, measured) -> str:
     """Where the band's floor inside the measured range comes from."""
     if model.residual > model.spread:
         return "the fit's largest residual, above the runs' spread"
     if model.spread_measured:
         return ("the results' run-to-run spread: the largest distance of "
                 "one run from its result's mean")
-    return (f"no result gave its runs: {time_to_train.DEFAULT_SPREAD:.1%}, "
-            "the median run-to-run spread of 161 MLPerf Training BERT "
-            "results, v2.0-v4.0; give each result's minutes as its runs, "
-            "M1/M2/..., for your own")
+    default = (f"{time_to_train.DEFAULT_SPREAD:.1%}, the median run-to-run "
+               "spread of 161 MLPerf Training BERT results, v2.0-v4.0")
+    bare = sum(r.spread is None for r in measured)
+    if bare < len(measured):
+        if model.spread > time_to_train.DEFAULT_SPREAD:
+            return ("the results' run-to-run spread, wider than the "
+                    f"{time_to_train.DEFAULT_SPREAD:.1%} the {bare} without "
+                    "runs take")
+        return (f"{bare} of {len(measured)} results gave no runs and take "
+                f"{default}; give their minutes as runs, M1/M2/..., for "
+                "your own")
+    return (f"no result gave its runs: {default}; give each result's "
+            "minutes as its runs, M1/M2/..., for your own")
 
 
 def table(rows, price=None) -> str:

@@ -241,10 +241,17 @@ def test_each_runs_minutes_set_the_band_from_the_command_line(capsys):
     # 18.0 is 5.9% from 17.0: the floor; without runs, 7.7%.
     assert runs[2] / runs[0] - 1 == pytest.approx(1 / 17, abs=1e-3)
     assert scores[2] / scores[0] - 1 == pytest.approx(0.0768, abs=1e-4)
-    # Runs for one result only: the other's spread is the default's.
+    # Runs for one result only: the other's spread is the default's, and
+    # the header says which sets the floor.
     assert cli.main(args[:-2] + ["--results", "8:448:16.0/17.0/18.0:2456496,"
                                  "1024:4096:0.42:2782046"]) == 0
-    assert "+-7.7%" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "+-7.7% (1 of 2 results gave no runs and take 7.7%" in out
+    assert cli.main(args[:-2] + ["--results", "8:448:15.0/17.0/19.0:2456496,"
+                                 "1024:4096:0.42:2782046"]) == 0
+    out = capsys.readouterr().out
+    assert ("+-11.8% (the results' run-to-run spread, wider than the 7.7% "
+            "the 1 without runs take)") in out
     with pytest.raises(SystemExit) as stop:
         cli.main(args[:-1] + ["--results", "8:448:16.0/x:2456496,"
                               "1024:4096:0.42:2782046"])
